@@ -1,0 +1,3 @@
+from posbench.cli import main
+
+main()

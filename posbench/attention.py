@@ -1,0 +1,121 @@
+"""The attention paths, chosen from a scheme's hooks (DESIGN.md, Model):
+
+- ``sdpa-causal``: input/qk/mixer schemes: F.scaled_dot_product_attention(is_causal=True), flash on
+  a GPU.
+- ``flex``: content-independent biases on CUDA: FlexAttention with the scheme's ``bias_fn`` as
+  score_mod and a causal BlockMask (compiled once).
+- ``sdpa-bias``: content-independent biases elsewhere: SDPA with an (H, T, T) float mask.
+- ``explicit``: content-dependent terms (logits/values hooks): the scores materialized, then
+  softmax. It is also the reference every other path is tested against.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+BACKENDS = ("sdpa-causal", "sdpa-bias", "flex", "explicit")
+
+
+def flex_available() -> bool:
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def choose_backend(scheme, device: torch.device | str) -> str:
+    hooks = set(scheme.hooks)
+    if hooks & {"logits", "values"}:
+        return "explicit"
+    if "bias" in hooks:
+        on_cuda = torch.device(device).type == "cuda"
+        return "flex" if on_cuda and flex_available() else "sdpa-bias"
+    return "sdpa-causal"
+
+
+@dataclass
+class AttnContext:
+    """What every layer of one forward shares: computed once, before the first block."""
+
+    pos: torch.Tensor  # (T,)
+    backend: str
+    shared: Any = None  # scheme.prepare(pos)
+    bias: torch.Tensor | None = None  # (H, T, T), materialized biases only
+    score_mod: Any = None
+    block_mask: Any = None
+
+
+def causal_mask(t: int, device) -> torch.Tensor:
+    """(T, T) bool, True where key j > query i (not allowed)."""
+    return torch.ones(t, t, dtype=torch.bool, device=device).triu(1)
+
+
+@functools.cache
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+@functools.lru_cache(maxsize=16)
+def _causal_block_mask(t: int, device: str):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(lambda b, h, q, k: q >= k, None, None, t, t, device=device)
+
+
+def prepare(scheme, pos: torch.Tensor, backend: str) -> AttnContext:
+    ctx = AttnContext(pos=pos, backend=backend, shared=scheme.prepare(pos))
+    if "bias" in scheme.hooks:
+        if backend == "flex":
+            fn = scheme.bias_fn
+
+            def score_mod(score, b, h, q_idx, kv_idx):
+                return score + fn(h, pos[q_idx], pos[kv_idx])
+
+            ctx.score_mod = score_mod
+            ctx.block_mask = _causal_block_mask(pos.shape[0], str(pos.device))
+        else:
+            ctx.bias = scheme.bias(pos, ctx.shared)
+    return ctx
+
+
+def attend(q, k, v, scheme, ctx: AttnContext, layer: int) -> torch.Tensor:
+    """q, k, v (B, H, T, D) -> (B, H, T, D), causal."""
+    backend = ctx.backend
+    scale = scheme.qk_scale
+    if backend == "sdpa-causal":
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    if backend == "sdpa-bias":
+        t = q.shape[-2]
+        mask = ctx.bias.masked_fill(causal_mask(t, q.device), float("-inf")).to(q.dtype)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    if backend == "flex":
+        return _compiled_flex()(
+            q, k, v, score_mod=ctx.score_mod, block_mask=ctx.block_mask, scale=scale
+        )
+    return explicit_attention(q, k, v, scheme, ctx, layer)
+
+
+def explicit_attention(q, k, v, scheme, ctx: AttnContext, layer: int) -> torch.Tensor:
+    if "logits" in scheme.hooks:
+        scores = scheme.logits(q, k, ctx.pos, ctx.shared, layer)  # (B, H, T, T)
+    else:
+        scores = (q @ k.transpose(-1, -2)) * scheme.qk_scale
+    if "bias" in scheme.hooks:
+        bias = ctx.bias if ctx.bias is not None else scheme.bias(ctx.pos, ctx.shared)
+        scores = scores + bias
+    t = q.shape[-2]
+    scores = scores.float().masked_fill(causal_mask(t, q.device), float("-inf"))
+    attn = scores.softmax(dim=-1).to(v.dtype)
+    out = attn @ v
+    if "values" in scheme.hooks:
+        out = out + scheme.values(attn, ctx.pos, ctx.shared, layer)
+    return out
+

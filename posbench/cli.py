@@ -1,0 +1,141 @@
+"""The command line: a thin layer over functions that tests call directly."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import List, Optional
+
+import click
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from posbench import config
+from posbench.errors import PosbenchError
+
+# typer may vendor its own click: catch both.
+USAGE_ERRORS = tuple({click.ClickException, getattr(typer, "TyperException", click.ClickException)})
+ABORTS = tuple({click.exceptions.Abort, typer.Abort})
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Train tiny language models that differ only in their positional encoding; measure "
+    "how each extrapolates past its training length and what its attention costs.",
+)
+console = Console(width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True)
+
+
+class Format(str, Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+@app.command()
+def schemes(fmt: Format = typer.Option(Format.table, "--format", help="table, csv or json")):
+    """List every positional scheme: family, hooks, learned parameters, extrapolation, paper."""
+    from posbench.catalogue import catalogue
+
+    rows = catalogue()
+    if fmt == Format.json:
+        print(json.dumps(rows, indent=1))
+    elif fmt == Format.csv:
+        import csv
+
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    else:
+        table = Table(title="posbench schemes", show_lines=False)
+        for col in rows[0]:
+            table.add_column(col, overflow="fold")
+        for row in rows:
+            table.add_row(*(str(v) for v in row.values()))
+        console.print(table)
+
+
+def _task_with_overrides(task_name, data, train_len, steps, batch_size, d_model, layers, heads,
+                         lr, randomize, dtype, tokenizer, vocab_size) -> config.Task:
+    task = config.load_task(task_name)
+    return dataclasses.replace(
+        task,
+        data=config.replace(task.data, spec=data, tokenizer=tokenizer, vocab_size=vocab_size),
+        model=config.replace(task.model, d_model=d_model, n_layers=layers, n_heads=heads),
+        train=config.replace(task.train, train_len=train_len, steps=steps, batch_size=batch_size,
+                             lr=lr, randomize_positions=randomize, dtype=dtype),
+    )
+
+
+@app.command()
+def train(
+    scheme: str = typer.Option(..., help="scheme name (see `posbench schemes`)"),
+    task: Optional[str] = typer.Option(None, help="task name in tasks/ or a TOML path (default: quick)"),
+    data: Optional[str] = typer.Option(None, help="pystdlib | files:PATH_OR_GLOB | hf:NAME[:CONFIG]"),
+    train_len: Optional[int] = typer.Option(None, help="training window length"),
+    steps: Optional[int] = typer.Option(None),
+    batch_size: Optional[int] = typer.Option(None),
+    d_model: Optional[int] = typer.Option(None),
+    layers: Optional[int] = typer.Option(None),
+    heads: Optional[int] = typer.Option(None),
+    lr: Optional[float] = typer.Option(None),
+    seed: Optional[int] = typer.Option(None, help="default: the task's first seed"),
+    param: Optional[List[str]] = typer.Option(None, help="scheme parameter KEY=VALUE (repeatable)"),
+    randomize_positions: Optional[bool] = typer.Option(
+        None, "--randomize-positions/--no-randomize-positions",
+        help="train on sorted random positions from [0, randomize_max) (Ruoss et al. 2023)"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    dtype: Optional[str] = typer.Option(None, help="float32 | bfloat16 (autocast)"),
+    tokenizer: Optional[str] = typer.Option(None, help="bpe | bytes"),
+    vocab_size: Optional[int] = typer.Option(None, help="BPE vocabulary size"),
+    runs_dir: Path = typer.Option(Path("runs"), help="where runs and runs.csv go"),
+    resume: bool = typer.Option(False, help="continue an interrupted run from its checkpoint"),
+):
+    """Train one model with one scheme (the task's settings, overridden by flags)."""
+    from posbench import train as training
+    from posbench.schemes import get_scheme
+
+    get_scheme(scheme)
+    t = _task_with_overrides(task, data, train_len, steps, batch_size, d_model, layers, heads, lr,
+                             randomize_positions, dtype, tokenizer, vocab_size)
+    params = {**t.params.get(scheme, {}), **config.parse_params(param)}
+    spec = training.RunSpec(scheme=scheme, params=params, seed=t.seeds[0] if seed is None else seed,
+                            data=t.data, model=t.model, train=t.train, task=t.name)
+    result = training.train(spec, runs_dir, device=device, resume=resume, progress=sys.stderr.isatty())
+    row = result.row
+    if result.skipped:
+        console.print(f"{spec.run_id}: already trained (runs.csv), nothing to do")
+        return
+    if row["status"] != "ok":
+        console.print(f"{spec.run_id}: stopped early; continue with --resume")
+        return
+    console.print(
+        f"{spec.run_id}: {row['steps']} steps, train loss {row['final_train_loss']:.4f}, "
+        f"validation loss {row['final_val_loss']:.4f} (unigram model: {row['unigram_val_loss']:.4f}), "
+        f"{row['tokens_per_second']:,.0f} tokens/s, {row['train_seconds']:.1f} s -> {result.run_dir}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: every user error becomes one line on stderr and exit code 2."""
+    try:
+        rv = app(args=argv, standalone_mode=False)
+        return rv if isinstance(rv, int) else 0
+    except PosbenchError as e:
+        err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+        return 2
+    except ABORTS:
+        err.print("aborted")
+        return 130
+    except USAGE_ERRORS as e:
+        err.print(f"error: {e.format_message()}", markup=False, highlight=False, soft_wrap=True)
+        return getattr(e, "exit_code", 2)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        return 130

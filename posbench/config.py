@@ -1,0 +1,251 @@
+"""Tasks: TOML files (one per task, no includes) that name the data, the model, training,
+evaluation, timing and the schemes to compare. Unknown keys are errors with a suggestion.
+
+The dataclass defaults are the `quick` task, so the default needs no file at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from posbench.data import DataConfig
+from posbench.errors import PosbenchError, did_you_mean
+from posbench.model import ModelConfig
+
+TASK_VERSION = 1
+EVAL_MODES = ("nonoverlap", "sliding")
+DTYPES = ("float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    train_len: int = 64
+    steps: int = 500
+    batch_size: int = 32
+    lr: float = 2e-3
+    warmup: int = 50
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    eval_interval: int = 100
+    eval_windows: int = 64  # validation windows of train_len, scored at every eval_interval
+    checkpoint_interval: int = 100
+    randomize_positions: bool = False
+    randomize_max: int = 2048  # L_max of randomized positions (Ruoss et al.)
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    lengths: tuple[int, ...] = (64, 128, 256, 512, 1024)
+    mode: str = "nonoverlap"
+    stride: int = 0  # sliding only; 0 means half the window
+    tokens: int = 16384  # tokens scored at every length
+    batch_tokens: int = 16384  # tokens per forward (windows per batch = batch_tokens // L)
+    rope_scaling: tuple[str, ...] = ("none",)
+    rope_scaling_factor: float = 0.0  # 0: L_eval / L_train
+    yarn_alpha: float = 1.0
+    yarn_beta: float = 32.0
+    learned_extension: tuple[str, ...] = ("none",)
+    position_buckets: int = 16
+
+
+@dataclass(frozen=True)
+class SpeedConfig:
+    lengths: tuple[int, ...] = (256, 512, 1024, 2048)
+    batch_size: int = 1
+    heads: int = 8
+    head_dim: int = 64
+    dtype: str = "float32"
+    backward: bool = True
+    repeats: int = 10
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str = "quick"
+    version: int = TASK_VERSION
+    description: str = "CPU-sized comparison on the built-in corpus: one scheme in about a minute and a half"
+    schemes: tuple[str, ...] = ("none", "sinusoidal", "learned", "rope", "alibi", "t5")
+    seeds: tuple[int, ...] = (0,)
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)  # scheme -> {param: value}
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    speed: SpeedConfig = SpeedConfig()
+
+
+def tasks_dir() -> Path:
+    return Path(__file__).resolve().parents[1] / "tasks"
+
+
+def find_task(name_or_path: str) -> Path | None:
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        return path
+    candidate = tasks_dir() / f"{name_or_path}.toml"
+    return candidate if candidate.exists() else None
+
+
+def known_tasks() -> list[str]:
+    return sorted(p.stem for p in tasks_dir().glob("*.toml"))
+
+
+def load_task(name_or_path: str | None) -> Task:
+    """A task by file path or by name in tasks/; None is the default task."""
+    if name_or_path is None:
+        path = find_task("quick")
+        return _parse(path) if path is not None else Task()
+    path = find_task(name_or_path)
+    if path is None:
+        raise did_you_mean(name_or_path, known_tasks(), "task")
+    if not path.is_file():
+        raise PosbenchError(f"task file {str(path)!r} does not exist")
+    return _parse(path)
+
+
+def _parse(path: Path) -> Task:
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise PosbenchError(f"{path}: invalid TOML: {e}") from None
+    except OSError as e:
+        raise PosbenchError(f"cannot read task {path}: {e.strerror}") from None
+    raw.setdefault("name", path.stem)
+    try:
+        return build(Task, raw, where=str(path))
+    except PosbenchError as e:
+        raise PosbenchError(f"{path}: {e}") from None
+
+
+def build(cls, raw: dict[str, Any], where: str = ""):
+    """An instance of dataclass `cls` from a dict, strictly: unknown keys and wrong types fail."""
+    if not isinstance(raw, dict):
+        raise PosbenchError(f"[{where}] must be a table")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for key, value in raw.items():
+        if key not in fields:
+            raise did_you_mean(key, fields, f"key in [{where}]" if where else "key")
+        values[key] = _coerce(hints[key], value, f"{where}.{key}" if where else key)
+    obj = cls(**values)
+    validate(obj)
+    return obj
+
+
+def _coerce(hint, value, where: str):
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        return build(hint, value, where)
+    if origin is tuple:
+        (item, _) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise PosbenchError(f"{where} must be a list")
+        return tuple(_coerce(item, v, where) for v in value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise PosbenchError(f"{where} must be a table")
+        return {k: dict(v) if isinstance(v, dict) else v for k, v in value.items()}
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is bool and not isinstance(value, bool):
+        raise PosbenchError(f"{where} must be true or false")
+    if hint in (int, float, str) and (not isinstance(value, hint) or isinstance(value, bool)):
+        raise PosbenchError(f"{where} must be {hint.__name__}, got {value!r}")
+    return value
+
+
+def validate(obj) -> None:
+    """Range checks, shared by task files and command-line overrides."""
+    if isinstance(obj, TrainConfig):
+        _positive(obj, "train_len", "steps", "batch_size", "eval_interval", "checkpoint_interval")
+        if obj.lr <= 0:
+            raise PosbenchError(f"lr must be > 0, got {obj.lr}")
+        _choice("dtype", obj.dtype, DTYPES)
+        if obj.randomize_positions and obj.randomize_max < obj.train_len:
+            raise PosbenchError("randomize_max must be at least train_len")
+    elif isinstance(obj, EvalConfig):
+        check_lengths(obj.lengths)
+        _positive(obj, "tokens", "batch_tokens", "position_buckets")
+        _choice("mode", obj.mode, EVAL_MODES)
+        if obj.stride < 0:
+            raise PosbenchError(f"stride must be >= 0, got {obj.stride}")
+    elif isinstance(obj, SpeedConfig):
+        check_lengths(obj.lengths)
+        _positive(obj, "batch_size", "heads", "head_dim", "repeats")
+        _choice("dtype", obj.dtype, DTYPES)
+    elif isinstance(obj, ModelConfig):
+        _positive(obj, "d_model", "n_layers", "n_heads", "mlp_ratio")
+        if obj.d_model % obj.n_heads:
+            raise PosbenchError(f"d_model {obj.d_model} is not divisible by n_heads {obj.n_heads}")
+    elif isinstance(obj, Task):
+        if obj.version > TASK_VERSION:
+            raise PosbenchError(f"task version {obj.version} is newer than this posbench ({TASK_VERSION})")
+        if not obj.schemes:
+            raise PosbenchError("a task needs at least one scheme")
+        from posbench.schemes import get_scheme
+
+        for name in obj.schemes:
+            get_scheme(name)
+        for name in obj.params:
+            get_scheme(name)
+
+
+def check_lengths(lengths) -> None:
+    if not lengths:
+        raise PosbenchError("the length list is empty")
+    bad = [n for n in lengths if n < 2]
+    if bad:
+        raise PosbenchError(f"lengths must be >= 2, got {bad[0]}")
+
+
+def _positive(obj, *names: str) -> None:
+    for name in names:
+        if getattr(obj, name) <= 0:
+            raise PosbenchError(f"{name} must be > 0, got {getattr(obj, name)}")
+
+
+def _choice(name: str, value: str, choices) -> None:
+    if value not in choices:
+        raise did_you_mean(value, choices, name)
+
+
+def replace(obj, **changes):
+    """dataclasses.replace without the None values (flags the user did not give), validated."""
+    changes = {k: v for k, v in changes.items() if v is not None}
+    new = dataclasses.replace(obj, **changes) if changes else obj
+    validate(new)
+    return new
+
+
+def parse_int_list(text: str, what: str = "lengths") -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise PosbenchError(f"bad {what} {text!r}: expected comma-separated integers") from None
+    if not values:
+        raise PosbenchError(f"bad {what} {text!r}: empty")
+    return values
+
+
+def parse_params(items: list[str] | None) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise PosbenchError(f"bad --param {item!r}: expected KEY=VALUE")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def stable_hash(obj: Any, n: int = 10) -> str:
+    """A short hash of a JSON-able object: the same config gives the same id everywhere."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:n]

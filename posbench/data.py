@@ -1,0 +1,329 @@
+"""Text sources, tokenizers and the on-disk cache of tokenized splits (DESIGN.md, Data).
+
+A data SPEC is one of:
+- ``pystdlib``: the running Python's standard-library ``.py`` files (no site-/dist-packages),
+- ``files:PATH_OR_GLOB``: the user's plain-text files, loaded through ``datasets``,
+- ``hf:NAME[:CONFIG]``: a Hugging Face dataset through ``datasets`` (a local dataset folder works).
+
+Splits are deterministic: by a hash of each document's name when there are enough documents,
+otherwise by contiguous ranges of the text (90/5/5). The tokenizer is a byte-level BPE trained on
+the training split, or raw bytes.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from posbench.errors import PosbenchError
+
+SPLITS = ("train", "valid", "test")
+EOS = "<|endoftext|>"
+CACHE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    spec: str = "pystdlib"
+    tokenizer: str = "bpe"  # bpe | bytes
+    vocab_size: int = 2048  # bpe only
+
+
+@dataclass
+class Corpus:
+    spec: str
+    fingerprint: str
+    splits: dict[str, list[str]]  # split -> documents
+
+
+@dataclass
+class TokenData:
+    train: torch.Tensor  # (N,) int64 token stream, documents separated by EOS
+    valid: torch.Tensor
+    test: torch.Tensor
+    vocab_size: int
+    fingerprint: str  # of the corpus
+    tokenizer: str  # e.g. "bpe4096"
+
+    def split(self, name: str) -> torch.Tensor:
+        return getattr(self, name)
+
+
+# --- corpora -------------------------------------------------------------------------------
+
+
+def _hash_bucket(name: str) -> str:
+    b = int(hashlib.sha1(name.encode()).hexdigest(), 16) % 100
+    return "train" if b < 90 else "valid" if b < 95 else "test"
+
+
+def split_documents(names: list[str], docs: list[str]) -> dict[str, list[str]]:
+    """Deterministic 90/5/5 split: by name hash with >= 40 documents, else by text ranges."""
+    if len(docs) >= 40:
+        out: dict[str, list[str]] = {s: [] for s in SPLITS}
+        for name, doc in zip(names, docs):
+            out[_hash_bucket(name)].append(doc)
+        if all(out.values()):
+            return out
+    text = "\n".join(docs)
+    a, b = int(len(text) * 0.9), int(len(text) * 0.95)
+    return {"train": [text[:a]], "valid": [text[a:b]], "test": [text[b:]]}
+
+
+def _fingerprint(names: list[str], blobs: list[bytes]) -> str:
+    h = hashlib.sha256()
+    for name, blob in zip(names, blobs):
+        h.update(name.encode() + b"\0" + blob + b"\0")
+    return h.hexdigest()[:16]
+
+
+def stdlib_files() -> tuple[Path, list[Path]]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"site-packages", "dist-packages"}
+    files = [p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts)]
+    return root, sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+def load_pystdlib() -> Corpus:
+    root, files = stdlib_files()
+    if not files:
+        raise PosbenchError(f"no .py files under the standard library at {root}")
+    names = [p.relative_to(root).as_posix() for p in files]
+    blobs = [p.read_bytes() for p in files]
+    docs = [b.decode("utf-8", errors="replace") for b in blobs]
+    fp = _fingerprint(names, blobs)
+    return Corpus("pystdlib", f"py{sys.version_info[0]}.{sys.version_info[1]}-{fp}", split_documents(names, docs))
+
+
+def _expand(pattern: str) -> list[str]:
+    path = Path(pattern).expanduser()
+    if path.is_dir():
+        return sorted(str(p) for p in path.rglob("*") if p.is_file())
+    return sorted(p for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+
+
+def load_files(pattern: str) -> Corpus:
+    files = _expand(pattern)
+    if not files:
+        raise PosbenchError(f"no readable files match {pattern!r}")
+    try:
+        blobs = [Path(f).read_bytes() for f in files]
+    except OSError as e:
+        raise PosbenchError(f"cannot read {e.filename}: {e.strerror}") from None
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(
+            "text", data_files=files, sample_by="document", split="train", keep_in_memory=True
+        )
+    except Exception as e:  # datasets raises many kinds; all mean the same to the user
+        raise PosbenchError(f"cannot load files {pattern!r}: {_first_line(e)}") from None
+    docs = list(ds["text"])
+    if not any(d.strip() for d in docs):
+        raise PosbenchError(f"files {pattern!r} contain no text")
+    return Corpus(f"files:{pattern}", _fingerprint(files, blobs), split_documents(files, docs))
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def _is_offline(e: BaseException) -> bool:
+    names = {type(x).__name__ for x in (e, e.__cause__, e.__context__) if x is not None}
+    text = str(e).lower()
+    return bool(
+        names & {"ConnectionError", "OfflineModeIsEnabled", "ConnectTimeout", "ConnectError",
+                 "LocalEntryNotFoundError"}
+        or "offline" in text
+        or "couldn't reach" in text
+        or "connection" in text
+    )
+
+
+def load_hf(name: str, config: str | None) -> Corpus:
+    import datasets
+
+    label = name + (f":{config}" if config else "")
+    try:
+        dd = datasets.load_dataset(name, config)
+    except Exception as e:
+        if _is_offline(e):
+            raise PosbenchError(
+                f"cannot reach the Hugging Face hub to load {label!r} (offline?); "
+                "use --data pystdlib or files:PATH"
+            ) from None
+        raise PosbenchError(f"cannot load dataset {label!r}: {_first_line(e)}") from None
+    aliases = {"train": ["train"], "valid": ["validation", "valid", "dev"], "test": ["test"]}
+    texts: dict[str, str] = {}
+    for split, keys in aliases.items():
+        for key in keys:
+            if key in dd:
+                column = "text" if "text" in dd[key].column_names else dd[key].column_names[0]
+                texts[split] = "\n".join(str(t) for t in dd[key][column])
+                break
+    if "train" not in texts:
+        raise PosbenchError(f"dataset {label!r} has no train split (has: {', '.join(dd)})")
+    if len(texts) < 3:
+        text = texts["train"]
+        a, b = int(len(text) * 0.9), int(len(text) * 0.95)
+        texts = {"train": text[:a], "valid": text[a:b], "test": text[b:]}
+    h = hashlib.sha256()
+    for split in SPLITS:
+        h.update(texts[split].encode() + b"\0")
+    return Corpus(f"hf:{label}", h.hexdigest()[:16], {s: [texts[s]] for s in SPLITS})
+
+
+def load_corpus(spec: str) -> Corpus:
+    kind, _, rest = spec.partition(":")
+    if spec == "pystdlib":
+        return load_pystdlib()
+    if kind == "files" and rest:
+        return load_files(rest)
+    if kind == "hf" and rest:
+        name, _, config = rest.partition(":")
+        return load_hf(name, config or None)
+    raise PosbenchError(
+        f"unknown data spec {spec!r}: use pystdlib, files:PATH_OR_GLOB or hf:NAME[:CONFIG]"
+    )
+
+
+# --- tokenizers ----------------------------------------------------------------------------
+
+
+class ByteTokenizer:
+    """Raw UTF-8 bytes, 0..255, and EOS = 256."""
+
+    vocab_size = 257
+    eos_id = 256
+
+    def encode_documents(self, docs: list[str]) -> np.ndarray:
+        parts = []
+        for doc in docs:
+            parts.append(np.frombuffer(doc.encode("utf-8"), dtype=np.uint8).astype(np.int32))
+            parts.append(np.array([self.eos_id], dtype=np.int32))
+        return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+
+    def decode(self, ids) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+class BPETokenizer:
+    """Byte-level BPE from `tokenizers`, trained on the training split."""
+
+    def __init__(self, tok):
+        self.tok = tok
+        self.vocab_size = tok.get_vocab_size()
+        self.eos_id = tok.token_to_id(EOS)
+
+    @classmethod
+    def train(cls, docs: list[str], vocab_size: int) -> BPETokenizer:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=[EOS],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tok.train_from_iterator(docs, trainer=trainer)
+        return cls(tok)
+
+    @classmethod
+    def load(cls, path: Path) -> BPETokenizer:
+        from tokenizers import Tokenizer
+
+        return cls(Tokenizer.from_file(str(path)))
+
+    def encode_documents(self, docs: list[str]) -> np.ndarray:
+        parts = []
+        for enc in self.tok.encode_batch(docs):
+            parts.append(np.asarray(enc.ids, dtype=np.int32))
+            parts.append(np.array([self.eos_id], dtype=np.int32))
+        return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+
+    def decode(self, ids) -> str:
+        return self.tok.decode(list(ids))
+
+
+def tokenizer_label(cfg: DataConfig) -> str:
+    if cfg.tokenizer == "bytes":
+        return "bytes"
+    if cfg.tokenizer == "bpe":
+        return f"bpe{cfg.vocab_size}"
+    raise PosbenchError(f"unknown tokenizer {cfg.tokenizer!r}: use bpe or bytes")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("POSBENCH_CACHE", Path.home() / ".cache" / "posbench"))
+
+
+def load_tokens(cfg: DataConfig) -> TokenData:
+    """Tokenized splits, from the cache when the corpus fingerprint and tokenizer match."""
+    label = tokenizer_label(cfg)
+    if cfg.tokenizer == "bpe" and not 300 <= cfg.vocab_size <= 65535:
+        raise PosbenchError(f"vocab_size must be in 300..65535 for bpe, got {cfg.vocab_size}")
+    corpus = load_corpus(cfg.spec)
+    key = hashlib.sha256(f"{corpus.fingerprint}|{label}|{CACHE_FORMAT}".encode()).hexdigest()[:20]
+    where = cache_dir() / key
+    if not (where / "meta.json").exists():
+        build_cache(corpus, cfg, where)
+    meta = json.loads((where / "meta.json").read_text())
+    arrays = {s: torch.from_numpy(np.load(where / f"{s}.npy").astype(np.int64)) for s in SPLITS}
+    return TokenData(**arrays, vocab_size=meta["vocab_size"], fingerprint=corpus.fingerprint, tokenizer=label)
+
+
+def build_cache(corpus: Corpus, cfg: DataConfig, where: Path) -> None:
+    where.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=where.parent, prefix=".tmp-"))
+    try:
+        if cfg.tokenizer == "bytes":
+            tok = ByteTokenizer()
+        else:
+            tok = BPETokenizer.train(corpus.splits["train"], cfg.vocab_size)
+            tok.tok.save(str(tmp / "tokenizer.json"))
+        for split in SPLITS:
+            ids = tok.encode_documents(corpus.splits[split])
+            if len(ids) < 2:
+                raise PosbenchError(f"corpus {corpus.spec!r} has an empty {split} split")
+            np.save(tmp / f"{split}.npy", ids.astype(np.uint16 if tok.vocab_size <= 65536 else np.int32))
+        meta = {"spec": corpus.spec, "fingerprint": corpus.fingerprint, "tokenizer": tokenizer_label(cfg),
+                "vocab_size": tok.vocab_size, "eos_id": tok.eos_id, "format": CACHE_FORMAT}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        try:
+            tmp.rename(where)
+        except OSError:  # another process filled the cache first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def load_tokenizer(cfg: DataConfig, fingerprint: str):
+    """The tokenizer of a cached corpus (for decoding and for tasks that build their own text)."""
+    if cfg.tokenizer == "bytes":
+        return ByteTokenizer()
+    label = tokenizer_label(cfg)
+    key = hashlib.sha256(f"{fingerprint}|{label}|{CACHE_FORMAT}".encode()).hexdigest()[:20]
+    return BPETokenizer.load(cache_dir() / key / "tokenizer.json")
+
+
+def unigram_loss(train: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> float:
+    """Cross-entropy (nats) on `valid` of a unigram model fit on `train` (add-one smoothing)."""
+    counts = torch.bincount(train, minlength=vocab_size).double() + 1
+    logp = (counts / counts.sum()).log()
+    return float(-logp[valid].mean())

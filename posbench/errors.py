@@ -1,0 +1,15 @@
+"""The one exception type the CLI turns into a single clear line and a non-zero exit."""
+
+import difflib
+
+
+class PosbenchError(Exception):
+    """A user-facing error: bad input, missing data, corrupt files. Never a bug."""
+
+
+def did_you_mean(word: str, choices, what: str) -> PosbenchError:
+    """An error for an unknown `word`, suggesting the nearest of `choices`."""
+    choices = sorted(choices)
+    near = difflib.get_close_matches(word, choices, n=3, cutoff=0.5)
+    hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+    return PosbenchError(f"unknown {what} {word!r}{hint} (known: {', '.join(choices)})")

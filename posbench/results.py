@@ -1,0 +1,145 @@
+"""Result files: long-format CSV, one row per observation, columns declared once here.
+
+Writes are atomic (temp file + rename, under a lock) and merges are keyed: writing a row whose key
+is already present replaces it, so an interrupted or repeated run never loses or duplicates rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import fcntl
+import functools
+import os
+import platform
+import subprocess
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+import posbench
+
+PROVENANCE = ["device", "dtype", "torch", "posbench", "git_sha", "python", "corpus", "created"]
+
+TABLES: dict[str, dict[str, list[str]]] = {
+    "runs": {
+        "key": ["run_id"],
+        "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "randomized",
+                    "steps", "tokens", "n_params", "final_train_loss", "final_val_loss",
+                    "unigram_val_loss", "train_seconds", "tokens_per_second", "backend", "status",
+                    "message"] + PROVENANCE,
+    },
+    "extrapolation": {
+        "key": ["run_id", "eval_len", "mode", "stride", "scaling", "extension"],
+        "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "eval_len", "ratio",
+                    "mode", "stride", "scaling", "extension", "tokens", "loss", "ppl", "backend",
+                    "status", "reason"] + PROVENANCE,
+    },
+    "positions": {
+        "key": ["run_id", "eval_len", "mode", "stride", "scaling", "extension", "bucket"],
+        "columns": ["run_id", "scheme", "eval_len", "mode", "stride", "scaling", "extension",
+                    "bucket", "position_start", "position_end", "tokens", "loss"],
+    },
+    "speed": {
+        "key": ["scheme", "backend", "pass", "device", "dtype", "batch", "heads", "head_dim",
+                "seq_len"],
+        "columns": ["scheme", "backend", "pass", "device", "dtype", "batch", "heads", "head_dim",
+                    "seq_len", "median_ms", "iqr_ms", "tflops", "tokens_per_second",
+                    "peak_mem_mb", "ratio_vs_none", "status", "reason", "torch", "posbench",
+                    "git_sha", "created"],
+    },
+}
+
+
+def table_path(directory: Path | str, table: str) -> Path:
+    return Path(directory) / f"{table}.csv"
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if value is None:
+        return ""
+    return str(value)
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(path.suffix + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def read_rows(path: Path | str) -> list[dict[str, str]]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w", newline="") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def merge_rows(directory: Path | str, table: str, rows: Iterable[dict[str, Any]]) -> Path:
+    """Insert or replace `rows` (by the table's key) in directory/table.csv."""
+    spec = TABLES[table]
+    columns, key = spec["columns"], spec["key"]
+    path = table_path(directory, table)
+    new = [{c: _fmt(row.get(c)) for c in columns} for row in rows]
+    unknown = {k for row in rows for k in row} - set(columns)
+    assert not unknown, f"columns not declared for {table}: {unknown}"
+    with _locked(path):
+        merged = {tuple(r.get(k, "") for k in key): r for r in read_rows(path)}
+        for row in new:
+            merged[tuple(row[k] for k in key)] = row
+        write_atomic(path, _to_csv(columns, merged.values()))
+    return path
+
+
+def _to_csv(columns: list[str], rows) -> str:
+    import io
+
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({c: row.get(c, "") for c in columns})
+    return buf.getvalue()
+
+
+@functools.cache
+def git_sha() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5,
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def provenance(device: str, dtype: str, corpus: str = "") -> dict[str, str]:
+    return {
+        "device": device,
+        "dtype": dtype,
+        "torch": torch.__version__,
+        "posbench": posbench.__version__,
+        "git_sha": git_sha(),
+        "python": platform.python_version(),
+        "corpus": corpus,
+        "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }

@@ -1,0 +1,141 @@
+"""The scheme interface: a positional encoding is a small module that overrides only the hooks it
+needs. The model calls them; it knows nothing about any particular scheme.
+
+Hooks (names as in SCHEMES.md), with shapes. B batch, T window length, H heads, D head dim,
+d model width. `pos` is a (T,) long tensor of explicit positions shared by the batch.
+
+- input   ``embed(x, idx, pos) -> x``          x (B, T, d), idx (B, T) token ids
+- mixer   ``mix(x) -> x``                      x (B, T, d)
+- qk      ``rotate(q, k, pos, ctx) -> q, k``   q, k (B, H, T, D)
+- bias    ``bias_fn(h, qpos, kpos) -> b``      elementwise on broadcastable long tensors; the same
+                                               function serves the materialized (H, T, T) mask and
+                                               FlexAttention's score_mod
+- logits  ``logits(q, k, pos, ctx, layer) -> s``  the full pre-softmax scores (B, H, T, T)
+- values  ``values(attn, pos, ctx, layer) -> o``  a term added to attn @ v, (B, H, T, D)
+
+``prepare(pos)`` runs once per forward and returns whatever the hooks share across layers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from posbench.errors import PosbenchError, did_you_mean
+
+HOOKS = ("input", "mixer", "qk", "bias", "logits", "values")
+
+
+class PositionLimitError(PosbenchError):
+    """A scheme was asked for a position it has no representation for."""
+
+
+@dataclass(frozen=True)
+class Dims:
+    """What a scheme may know of the model it plugs into."""
+
+    d_model: int
+    n_heads: int
+    n_layers: int
+    vocab_size: int
+    train_len: int
+    max_position: int  # largest position index seen in training, plus one
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+def coerce_params(cls: type[Scheme], given: dict[str, Any]) -> dict[str, Any]:
+    """Defaults of `cls` overridden by `given`, each value cast to its default's type."""
+    out = dict(cls.defaults)
+    for key, value in given.items():
+        if key not in cls.defaults:
+            if not cls.defaults:
+                raise PosbenchError(f"scheme {cls.name!r} takes no parameters (got {key!r})")
+            raise did_you_mean(key, cls.defaults, f"parameter of scheme {cls.name!r}")
+        default = cls.defaults[key]
+        try:
+            if isinstance(default, bool) and isinstance(value, str):
+                if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError(value)
+                value = value.lower() in ("true", "1", "yes")
+            out[key] = type(default)(value)
+        except (TypeError, ValueError):
+            raise PosbenchError(
+                f"parameter {key}={value!r} of scheme {cls.name!r} must be {type(default).__name__}"
+            ) from None
+    return out
+
+
+class Scheme(nn.Module):
+    """Base class. Subclasses set the class attributes and override the hooks they list."""
+
+    name: ClassVar[str]
+    family: ClassVar[str]
+    hooks: ClassVar[tuple[str, ...]] = ()
+    reference: ClassVar[str] = ""
+    extrapolates: ClassVar[str] = "yes"  # yes | no | extension (needs an eval-time policy)
+    notes: ClassVar[str] = ""
+    defaults: ClassVar[dict[str, Any]] = {}
+    relative: ClassVar[bool] = False  # outputs unchanged when every position shifts by a constant
+    takes_positions: ClassVar[bool] = True  # integer positions (the randomized modifier applies)
+    owns_token_embedding: ClassVar[bool] = False  # the input hook builds token embeddings itself
+
+    def __init__(self, dims: Dims):
+        super().__init__()
+        self.dims = dims
+        self.p = coerce_params(type(self), dims.params)
+        self.n_heads = dims.n_heads
+        self.head_dim = dims.head_dim
+
+    # Scale applied to q.k by the SDPA paths; schemes that rescale content logits override it.
+    @property
+    def qk_scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim)
+
+    def position_limit(self) -> int | None:
+        """Positions >= this have no representation (None: unbounded)."""
+        return None
+
+    def check_positions(self, pos: torch.Tensor) -> None:
+        limit = self.position_limit()
+        if limit is not None and int(pos.max()) >= limit:
+            raise PositionLimitError(
+                f"{self.name}: position {int(pos.max())} is beyond its table of {limit} positions"
+            )
+
+    def prepare(self, pos: torch.Tensor) -> Any:
+        return None
+
+    def embed(self, x: torch.Tensor, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def mix(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def rotate(self, q, k, pos, ctx):
+        raise NotImplementedError
+
+    def bias_fn(self, h: torch.Tensor, qpos: torch.Tensor, kpos: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def bias(self, pos: torch.Tensor, ctx: Any = None) -> torch.Tensor:
+        """The materialized (H, T, T) bias: `bias_fn` on broadcast indices."""
+        h = torch.arange(self.n_heads, device=pos.device)[:, None, None]
+        return self.bias_fn(h, pos[None, :, None], pos[None, None, :]).float()
+
+    def logits(self, q, k, pos, ctx, layer: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def values(self, attn, pos, ctx, layer: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """The parameter values, as recorded in result rows."""
+        return ",".join(f"{k}={v}" for k, v in sorted(self.p.items()))

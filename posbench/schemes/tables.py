@@ -1,0 +1,36 @@
+"""Per-position tables cached across forwards and grown, never sliced past their end."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+class GrowingTable:
+    """Rows for positions 0..n-1 from ``build(n, device)``, rebuilt larger when a position past the
+    end arrives. ``build`` must compute row k independently of n, so a table grown to 2T and then
+    read at T equals one built at T."""
+
+    def __init__(self, build: Callable[[int, torch.device], torch.Tensor]):
+        self.build = build
+        self.table: torch.Tensor | None = None
+
+    def __call__(self, pos: torch.Tensor) -> torch.Tensor:
+        need = int(pos.max()) + 1
+        t = self.table
+        if t is None or t.shape[0] < need or t.device != pos.device:
+            size = max(need, 2 * t.shape[0] if t is not None else 0)
+            self.table = t = self.build(size, pos.device)
+        return t[pos]
+
+    def clear(self) -> None:
+        self.table = None
+
+
+def sinusoid(n: int, dim: int, base: float, device=None) -> torch.Tensor:
+    """(n, dim) table, interleaved: column 2i is sin(k / base^(2i/dim)), 2i+1 is cos."""
+    k = torch.arange(n, device=device, dtype=torch.float64)[:, None]
+    inv = base ** (-torch.arange(0, dim, 2, device=device, dtype=torch.float64) / dim)
+    angle = k * inv  # (n, dim/2)
+    return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(1).float()

@@ -1,0 +1,375 @@
+"""Training one tiny language model with one scheme: the resolved run spec, its run_id, the
+training loop with checkpoints, resume, NaN stop, and the row it adds to runs.csv."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posbench import results
+from posbench.config import TrainConfig, stable_hash
+from posbench.data import DataConfig, TokenData, load_tokens, unigram_loss
+from posbench.errors import PosbenchError
+from posbench.model import ModelConfig, Transformer
+from posbench.schemes import Dims, get_scheme
+from posbench.schemes.base import coerce_params
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything that determines a trained model; its hash is the run_id."""
+
+    scheme: str
+    params: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    task: str = "quick"  # recorded, not hashed
+
+    def __post_init__(self):
+        # Resolve the parameters so that `--param base=10000` and the default share one run_id.
+        object.__setattr__(self, "params", coerce_params(get_scheme(self.scheme), self.params))
+
+    def identity(self) -> dict[str, Any]:
+        train = dataclasses.asdict(self.train)
+        for logistics in ("eval_interval", "checkpoint_interval", "eval_windows"):
+            train.pop(logistics)
+        if not self.train.randomize_positions:
+            train.pop("randomize_max")
+        return {"scheme": self.scheme, "params": self.params, "seed": self.seed,
+                "data": dataclasses.asdict(self.data), "model": dataclasses.asdict(self.model),
+                "train": train}
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.scheme}-{stable_hash(self.identity())}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "task": self.task, **self.identity(),
+                "train": dataclasses.asdict(self.train)}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> RunSpec:
+        return cls(
+            scheme=raw["scheme"], params=raw["params"], seed=raw["seed"], task=raw.get("task", ""),
+            data=DataConfig(**raw["data"]),
+            model=ModelConfig(**raw["model"]),
+            train=TrainConfig(**raw["train"]),
+        )
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise PosbenchError(f"unknown device {device!r}: use auto, cpu or cuda")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise PosbenchError("--device cuda was asked for but no CUDA device is available")
+    return torch.device(device)
+
+
+def autocast(device: torch.device, dtype: str):
+    enabled = dtype == "bfloat16"
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
+
+
+def build_model(spec: RunSpec, vocab_size: int) -> Transformer:
+    torch.manual_seed(spec.seed)
+    t = spec.train
+    dims = Dims(
+        d_model=spec.model.d_model, n_heads=spec.model.n_heads, n_layers=spec.model.n_layers,
+        vocab_size=vocab_size, train_len=t.train_len,
+        max_position=t.randomize_max if t.randomize_positions else t.train_len,
+        params=spec.params,
+    )
+    if t.randomize_positions and not get_scheme(spec.scheme).takes_positions:
+        raise PosbenchError(f"scheme {spec.scheme!r} takes no integer positions to randomize")
+    cfg = dataclasses.replace(spec.model, vocab_size=vocab_size)
+    return Transformer(cfg, get_scheme(spec.scheme)(dims))
+
+
+def training_positions(t: TrainConfig, gen: torch.Generator) -> torch.Tensor | None:
+    """Ruoss et al.: a window's positions are sorted distinct draws from [0, L_max)."""
+    if not t.randomize_positions:
+        return None
+    return torch.randperm(t.randomize_max, generator=gen)[: t.train_len].sort().values
+
+
+def sample_batch(stream: torch.Tensor, t: TrainConfig, gen: torch.Generator):
+    """B random windows of the token stream: inputs and next-token targets, (B, T) each."""
+    starts = torch.randint(0, len(stream) - t.train_len - 1, (t.batch_size,), generator=gen)
+    idx = starts[:, None] + torch.arange(t.train_len + 1)
+    chunk = stream[idx]
+    return chunk[:, :-1], chunk[:, 1:]
+
+
+def lr_at(step: int, t: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay to 10% of the peak."""
+    if step < t.warmup:
+        return t.lr * (step + 1) / t.warmup
+    progress = (step - t.warmup) / max(1, t.steps - t.warmup)
+    return t.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def make_optimizer(model: Transformer, t: TrainConfig) -> torch.optim.Optimizer:
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and p.requires_grad]
+    rest = [p for n, p in model.named_parameters() if p.dim() < 2 and p.requires_grad]
+    groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=t.lr, betas=(0.9, 0.95))
+
+
+@torch.no_grad()
+def validation_loss(model, stream: torch.Tensor, t: TrainConfig, device, batch: int = 16) -> float:
+    """Mean loss over the first `eval_windows` non-overlapping windows of train_len."""
+    n = min(t.eval_windows, (len(stream) - 1) // t.train_len)
+    if n < 1:
+        raise PosbenchError(f"validation split is shorter than one window of {t.train_len}")
+    model.eval()
+    total = 0.0
+    for i in range(0, n, batch):
+        rows = torch.arange(i, min(n, i + batch))[:, None] * t.train_len + torch.arange(t.train_len + 1)
+        chunk = stream[rows].to(device)
+        with autocast(device, t.dtype):
+            total += float(model.token_losses(chunk[:, :-1], chunk[:, 1:]).sum())
+    model.train()
+    return total / (n * t.train_len)
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+
+CHECKPOINT = "checkpoint.safetensors"
+FINAL = "model.safetensors"
+
+
+def save_checkpoint(run_dir: Path, model, opt, gen, state: dict[str, Any]) -> None:
+    from safetensors.torch import save_file
+
+    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    for i, s in opt.state_dict()["state"].items():
+        for k, v in s.items():
+            tensors[f"opt.{i}.{k}"] = torch.as_tensor(v).cpu().contiguous()
+    tensors["rng.batch"] = gen.get_state()
+    tmp = run_dir / (CHECKPOINT + ".tmp")
+    save_file(tensors, str(tmp), metadata={"state": json.dumps(state)})
+    tmp.replace(run_dir / CHECKPOINT)
+
+
+def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}, (f.metadata() or {})
+    except Exception as e:  # safetensors raises its own error types for every kind of damage
+        raise PosbenchError(
+            f"corrupt checkpoint {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}; "
+            "delete the run directory or train again without --resume"
+        ) from None
+
+
+def load_checkpoint(run_dir: Path, model, opt, gen) -> dict[str, Any]:
+    tensors, meta = _read_safetensors(run_dir / CHECKPOINT)
+    try:
+        state = json.loads(meta["state"])
+        model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+        opt_state = opt.state_dict()
+        per_param: dict[int, dict[str, torch.Tensor]] = {}
+        for k, v in tensors.items():
+            if k.startswith("opt."):
+                _, i, name = k.split(".", 2)
+                per_param.setdefault(int(i), {})[name] = v
+        opt_state["state"] = per_param
+        opt.load_state_dict(opt_state)
+        gen.set_state(tensors["rng.batch"])
+    except (KeyError, RuntimeError, ValueError) as e:
+        raise PosbenchError(
+            f"corrupt checkpoint {run_dir / CHECKPOINT}: {str(e).splitlines()[0]}; "
+            "delete the run directory or train again without --resume"
+        ) from None
+    return state
+
+
+def load_trained(run_dir: Path, device="cpu") -> tuple[RunSpec, Transformer, int]:
+    """A finished run: its spec, its model with final weights (eval mode), its vocab size."""
+    run_dir = Path(run_dir)
+    try:
+        raw = json.loads((run_dir / "config.json").read_text())
+        spec = RunSpec.from_json(raw)
+        vocab = raw["vocab_size"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise PosbenchError(f"unreadable run config in {run_dir}: {e}") from None
+    tensors, _ = _read_safetensors(run_dir / FINAL)
+    model = build_model(spec, vocab)
+    try:
+        model.load_state_dict(tensors)
+    except RuntimeError as e:
+        raise PosbenchError(f"checkpoint {run_dir / FINAL} does not fit its config: {str(e).splitlines()[0]}") from None
+    return spec, model.to(device).eval(), vocab
+
+
+# --- the loop --------------------------------------------------------------------------------
+
+LOG_COLUMNS = ["step", "lr", "loss", "val_loss", "tokens", "seconds"]
+
+
+@dataclass
+class TrainResult:
+    run_id: str
+    run_dir: Path
+    row: dict[str, Any]
+    skipped: bool = False
+
+
+def _write_log(run_dir: Path, rows: list[dict[str, Any]]) -> None:
+    lines = [",".join(LOG_COLUMNS)]
+    for r in rows:
+        lines.append(",".join(results._fmt(r.get(c)) for c in LOG_COLUMNS))
+    results.write_atomic(run_dir / "log.csv", "\n".join(lines) + "\n")
+
+
+def _read_log(run_dir: Path, upto: int) -> list[dict[str, Any]]:
+    rows = results.read_rows(run_dir / "log.csv")
+    return [
+        {c: (float(r[c]) if r[c] not in ("", None) else None) for c in LOG_COLUMNS}
+        for r in rows
+        if int(float(r["step"])) <= upto
+    ]
+
+
+def train(
+    spec: RunSpec,
+    runs_dir: Path | str = "runs",
+    device: str = "auto",
+    resume: bool = False,
+    progress: bool = True,
+    data: TokenData | None = None,
+    stop_after: int | None = None,
+) -> TrainResult:
+    """Train `spec` into runs_dir/<run_id>/ and record it in runs_dir/runs.csv.
+
+    With `resume`, a finished run is left as it is and an interrupted one continues from its last
+    checkpoint. `stop_after` ends the loop after that many steps as an interruption would (tests).
+    """
+    runs_dir = Path(runs_dir)
+    run_dir = runs_dir / spec.run_id
+    dev = resolve_device(device)
+    t = spec.train
+    if resume and (run_dir / FINAL).exists():
+        done = [r for r in results.read_rows(results.table_path(runs_dir, "runs")) if r["run_id"] == spec.run_id]
+        if done and done[0]["status"] == "ok":
+            return TrainResult(spec.run_id, run_dir, done[0], skipped=True)
+    data = data or load_tokens(spec.data)
+    model = build_model(spec, data.vocab_size).to(dev)
+    opt = make_optimizer(model, t)
+    gen = torch.Generator().manual_seed(spec.seed)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = {**spec.to_json(), "vocab_size": data.vocab_size, "corpus": data.fingerprint}
+    results.write_atomic(run_dir / "config.json", json.dumps(config, indent=1, default=str))
+
+    step, seconds, log = 0, 0.0, []
+    if resume and (run_dir / CHECKPOINT).exists():
+        state = load_checkpoint(run_dir, model, opt, gen)
+        step, seconds = state["step"], state["seconds"]
+        log = _read_log(run_dir, step)
+    else:
+        (run_dir / FINAL).unlink(missing_ok=True)
+        (run_dir / CHECKPOINT).unlink(missing_ok=True)
+
+    from posbench.attention import choose_backend
+
+    backend = choose_backend(model.scheme, dev)
+    stream = data.train
+    row_base = {
+        "run_id": spec.run_id, "task": spec.task, "scheme": spec.scheme,
+        "params": model.scheme.describe(), "seed": spec.seed, "train_len": t.train_len,
+        "randomized": t.randomize_positions, "steps": t.steps,
+        "n_params": sum(p.numel() for p in model.parameters()), "backend": backend,
+        **results.provenance(dev.type, t.dtype, data.fingerprint),
+    }
+
+    def checkpoint():
+        save_checkpoint(run_dir, model, opt, gen, {"step": step, "seconds": seconds})
+        _write_log(run_dir, log)
+
+    def fail(message: str):
+        checkpoint()
+        results.merge_rows(runs_dir, "runs", [{**row_base, "status": "failed", "message": message,
+                                               "tokens": step * t.batch_size * t.train_len}])
+        raise PosbenchError(f"{spec.run_id}: {message}; recorded as failed in {runs_dir / 'runs.csv'}")
+
+    model.train()
+    bar = _progress(progress)
+    task_id = bar.add_task(spec.run_id, total=t.steps, completed=step, loss=float("nan"), tps=0.0)
+    stop_at = t.steps if stop_after is None else min(t.steps, step + stop_after)
+    with bar:
+        try:
+            while step < stop_at:
+                began = time.perf_counter()
+                for group in opt.param_groups:
+                    group["lr"] = lr_at(step, t)
+                x, y = sample_batch(stream, t, gen)
+                pos = training_positions(t, gen)
+                x, y = x.to(dev), y.to(dev)
+                pos = pos.to(dev) if pos is not None else None
+                with autocast(dev, t.dtype):
+                    loss = model.token_losses(x, y, pos).mean()
+                if not torch.isfinite(loss):
+                    fail(f"loss became {float(loss)} at step {step}")
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+                opt.step()
+                step += 1
+                seconds += time.perf_counter() - began
+                entry = {"step": step, "lr": lr_at(step - 1, t), "loss": loss.item(),
+                         "val_loss": None, "tokens": step * t.batch_size * t.train_len, "seconds": seconds}
+                if step % t.eval_interval == 0 or step == t.steps:
+                    entry["val_loss"] = validation_loss(model, data.valid, t, dev)
+                log.append(entry)
+                bar.update(task_id, completed=step, loss=entry["loss"],
+                           tps=t.batch_size * t.train_len * step / max(seconds, 1e-9))
+                if step % t.checkpoint_interval == 0:
+                    checkpoint()
+        except KeyboardInterrupt:
+            checkpoint()
+            raise PosbenchError(
+                f"interrupted at step {step}; continue with the same command and --resume"
+            ) from None
+    checkpoint()
+    if step < t.steps:
+        return TrainResult(spec.run_id, run_dir, {**row_base, "status": "partial"})
+
+    from safetensors.torch import save_file
+
+    tmp = run_dir / (FINAL + ".tmp")
+    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(tmp))
+    tmp.replace(run_dir / FINAL)
+    tail = [e["loss"] for e in log[-10:]]
+    tokens = t.steps * t.batch_size * t.train_len
+    row = {
+        **row_base, "tokens": tokens, "final_train_loss": sum(tail) / len(tail),
+        "final_val_loss": log[-1]["val_loss"],
+        "unigram_val_loss": unigram_loss(data.train, data.valid, data.vocab_size),
+        "train_seconds": seconds, "tokens_per_second": tokens / max(seconds, 1e-9),
+        "status": "ok", "message": "",
+    }
+    results.merge_rows(runs_dir, "runs", [row])
+    return TrainResult(spec.run_id, run_dir, row)
+
+
+def _progress(enabled: bool):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[tps]:,.0f} tok/s"),
+        TimeRemainingColumn(), disable=not enabled, transient=False,
+    )

@@ -1,0 +1,59 @@
+import os
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from posbench.config import TrainConfig
+from posbench.data import DataConfig
+from posbench.model import ModelConfig, Transformer
+from posbench.schemes import SCHEMES, Dims
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+WORDS = ("the of and to in is that for it as with was on be by this are from at or an which "
+         "model position token attention length scheme rotary bias window train test loss").split()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_caches(tmp_path_factory):
+    """Every test run gets its own token cache and never reaches a hub."""
+    root = tmp_path_factory.mktemp("caches")
+    os.environ["POSBENCH_CACHE"] = str(root / "posbench")
+    os.environ["HF_HOME"] = str(root / "hf")
+    os.environ["HF_DATASETS_CACHE"] = str(root / "hf" / "datasets")
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    os.environ["HF_HUB_OFFLINE"] = "1"
+
+
+def write_corpus(directory: Path, n_docs: int = 60, words: int = 400, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    for i in range(n_docs):
+        text = " ".join(rng.choice(WORDS) for _ in range(words))
+        (directory / f"doc{i:03d}.txt").write_text(text + "\n")
+    return directory
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="session")
+def tiny_data(corpus_dir) -> DataConfig:
+    return DataConfig(spec=f"files:{corpus_dir}", tokenizer="bytes")
+
+
+TINY_MODEL = ModelConfig(d_model=32, n_layers=2, n_heads=4)
+TINY_TRAIN = TrainConfig(train_len=16, steps=6, batch_size=4, warmup=2, eval_interval=3,
+                         eval_windows=4, checkpoint_interval=2)
+
+
+def tiny_model(name: str, train_len: int = 16, seed: int = 0, vocab: int = 50, **params) -> Transformer:
+    torch.manual_seed(seed)
+    dims = Dims(d_model=32, n_heads=4, n_layers=2, vocab_size=vocab, train_len=train_len,
+                max_position=train_len, params=params)
+    cfg = ModelConfig(vocab_size=vocab, d_model=32, n_layers=2, n_heads=4)
+    return Transformer(cfg, SCHEMES[name](dims)).eval()

@@ -1,0 +1,114 @@
+"""Properties every registered scheme must have; a new scheme is tested here automatically."""
+
+import copy
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from posbench import attention
+from posbench.schemes import SCHEMES
+
+ALL = sorted(SCHEMES)
+RELATIVE = [n for n in ALL if SCHEMES[n].relative]
+T = 16
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_causal(name):
+    """Changing token t changes no output before t."""
+    model = tiny_model(name)
+    x = torch.randint(0, 50, (2, T))
+    t = 9
+    y = x.clone()
+    y[:, t] = (y[:, t] + 1) % 50
+    with torch.no_grad():
+        a, b = model(x), model(y)
+    assert torch.allclose(a[:, :t], b[:, :t], atol=1e-5)
+    assert not torch.allclose(a[:, t:], b[:, t:], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", RELATIVE)
+def test_translation_invariant(name):
+    """Shifting every position by a constant leaves the outputs unchanged."""
+    model = tiny_model(name)
+    x = torch.randint(0, 50, (2, T))
+    pos = torch.arange(T)
+    with torch.no_grad():
+        a = model(x, pos)
+        b = model(x, pos + 5)
+    assert torch.allclose(a, b, atol=1e-4), (a - b).abs().max()
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if not SCHEMES[n].relative and SCHEMES[n].takes_positions])
+def test_absolute_schemes_see_positions(name):
+    """The converse, so the test above could fail: absolute schemes change under a shift."""
+    model = tiny_model(name, train_len=32)
+    x = torch.randint(0, 50, (2, T))
+    with torch.no_grad():
+        a, b = model(x, torch.arange(T)), model(x, torch.arange(T) + 5)
+    assert not torch.allclose(a, b, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_runs_at_8x_training_length(name):
+    model = tiny_model(name)
+    limit = model.scheme.position_limit()
+    x = torch.randint(0, 50, (1, 8 * T))
+    if limit is not None and limit < 8 * T:
+        with pytest.raises(Exception, match="beyond"):
+            model(x)
+        return
+    with torch.no_grad():
+        out = model(x)
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_cache_grown_then_used_short_equals_fresh(name):
+    model = tiny_model(name, train_len=64)
+    fresh = copy.deepcopy(model)
+    x = torch.randint(0, 50, (1, 2 * T))
+    with torch.no_grad():
+        model(x)  # grows any per-length table to 2T
+        a = model(x[:, :T])
+        b = fresh(x[:, :T])
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_backends_agree_with_explicit_math(name):
+    """The fast path equals the explicit path, in outputs and in gradients."""
+    torch.manual_seed(1)
+    fast = tiny_model(name).train()
+    slow = copy.deepcopy(fast)
+    slow.backend = "explicit"
+    x = torch.randint(0, 50, (2, T))
+    la = fast.token_losses(x, x).mean()
+    lb = slow.token_losses(x, x).mean()
+    la.backward()
+    lb.backward()
+    assert torch.allclose(la, lb, atol=1e-5)
+    for (n, pa), (_, pb) in zip(fast.named_parameters(), slow.named_parameters()):
+        if pa.grad is not None:
+            assert torch.allclose(pa.grad, pb.grad, atol=1e-5, rtol=1e-4), n
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if SCHEMES[n].takes_positions])
+def test_randomized_positions(name):
+    """Sorted positions far beyond the window (Ruoss et al.) are accepted within the table."""
+    from posbench.schemes import Dims
+    from posbench.model import ModelConfig, Transformer
+
+    dims = Dims(d_model=32, n_heads=4, n_layers=2, vocab_size=50, train_len=T, max_position=512)
+    model = Transformer(ModelConfig(50, 32, 2, 4), SCHEMES[name](dims))
+    pos = torch.randperm(512)[:T].sort().values
+    out = model(torch.randint(0, 50, (2, T)), pos)
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_catalogue_fields(name):
+    cls = SCHEMES[name]
+    assert cls.family and cls.reference and cls.extrapolates in ("yes", "no", "extension")
+    assert attention.choose_backend(tiny_model(name).scheme, "cpu") in attention.BACKENDS
