@@ -1,7 +1,16 @@
-"""Every positional scheme, one module per family, all in one registry (`SCHEMES`)."""
+"""Every positional scheme, one module per family, all in one registry (`SCHEMES`).
 
-from posbench.schemes import absolute, bias, rotary  # noqa: F401  (registers the schemes)
+Every module of this package is imported here, so a new scheme needs only its class (decorated
+with `@register`) in a module of its family.
+"""
+
+import importlib
+import pkgutil
+
 from posbench.schemes.base import Dims, PositionLimitError, Scheme
 from posbench.schemes.registry import SCHEMES, get_scheme
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["SCHEMES", "Dims", "PositionLimitError", "Scheme", "get_scheme"]

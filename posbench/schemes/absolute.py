@@ -11,6 +11,14 @@ from posbench.schemes.registry import register
 from posbench.schemes.tables import GrowingTable, sinusoid
 
 
+def hierarchical_table(p: torch.Tensor, alpha: float) -> torch.Tensor:
+    """(n, d) trained table -> (n^2, d) (Su 2020): row (i-1)n + j - 1 is a u_i + (1 - a) u_j with
+    u_i = (p_i - a p_1) / (1 - a), 1-based; rows 0..n-1 equal p exactly."""
+    n = p.shape[0]
+    u = (p - alpha * p[:1]) / (1 - alpha)  # (n, d)
+    return (alpha * u[:, None, :] + (1 - alpha) * u[None, :, :]).reshape(n * n, -1)
+
+
 @register
 class NoPE(Scheme):
     """No positional information at all; a causal decoder still infers order from its mask
@@ -39,26 +47,21 @@ class Learned(Scheme):
     reference = "Gehring et al. 2017, arXiv:1705.03122"
     extrapolates = "extension"
     notes = "beyond max_len: unsupported, or --learned-extension hierarchical"
+    extensions = ("hierarchical",)
     defaults = {"max_len": 0, "alpha": 0.4}  # max_len 0: the largest training position
 
     def __init__(self, dims):
         super().__init__(dims)
         self.n = self.p["max_len"] or dims.max_position
         self.table = nn.Parameter(torch.randn(self.n, dims.d_model) * 0.5)
-        self.extension = "none"
 
     def position_limit(self):
         return self.n**2 if self.extension == "hierarchical" else self.n
 
-    def hierarchical(self) -> torch.Tensor:
-        """The (n^2, d) extended table."""
-        a = self.p["alpha"]
-        p = self.table
-        u = (p - a * p[:1]) / (1 - a)  # (n, d)
-        return (a * u[:, None, :] + (1 - a) * u[None, :, :]).reshape(self.n**2, -1)
-
     def embed(self, x, idx, pos):
-        table = self.hierarchical() if self.extension == "hierarchical" else self.table
+        table = self.table
+        if self.extension == "hierarchical":
+            table = hierarchical_table(table, self.p["alpha"])
         return x + table[pos]
 
 

@@ -86,6 +86,7 @@ class Scheme(nn.Module):
     relative: ClassVar[bool] = False  # outputs unchanged when every position shifts by a constant
     takes_positions: ClassVar[bool] = True  # integer positions (the randomized modifier applies)
     owns_token_embedding: ClassVar[bool] = False  # the input hook builds token embeddings itself
+    extensions: ClassVar[tuple[str, ...]] = ()  # eval-time policies past position_limit()
 
     def __init__(self, dims: Dims):
         super().__init__()
@@ -93,6 +94,13 @@ class Scheme(nn.Module):
         self.p = coerce_params(type(self), dims.params)
         self.n_heads = dims.n_heads
         self.head_dim = dims.head_dim
+        self.extension = "none"
+
+    def set_extension(self, name: str) -> None:
+        """Choose an eval-time extension policy (`extensions`), or "none"."""
+        if name != "none" and name not in self.extensions:
+            raise PosbenchError(f"scheme {self.name!r} has no extension {name!r}")
+        self.extension = name
 
     # Scale applied to q.k by the SDPA paths; schemes that rescale content logits override it.
     @property
