@@ -1,3 +1,3 @@
 from posbench.cli import main
 
-main()
+raise SystemExit(main())

@@ -321,15 +321,16 @@ def train(
                 pos = pos.to(dev) if pos is not None else None
                 with autocast(dev, t.dtype):
                     loss = model.token_losses(x, y, pos).mean()
-                if not torch.isfinite(loss):
-                    fail(f"loss became {float(loss)} at step {step}")
+                value = loss.item()
+                if not math.isfinite(value):
+                    fail(f"loss became {value} at step {step}")
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
                 opt.step()
                 step += 1
                 seconds += time.perf_counter() - began
-                entry = {"step": step, "lr": lr_at(step - 1, t), "loss": loss.item(),
+                entry = {"step": step, "lr": lr_at(step - 1, t), "loss": value,
                          "val_loss": None, "tokens": step * t.batch_size * t.train_len, "seconds": seconds}
                 if step % t.eval_interval == 0 or step == t.steps:
                     entry["val_loss"] = validation_loss(model, data.valid, t, dev)

@@ -1,0 +1,70 @@
+"""End-to-end CLI tests on tiny settings; user errors are one line on stderr, never a traceback."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from posbench.cli import main
+from posbench import results
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "posbench", *args], capture_output=True, text=True, timeout=300)
+
+
+TINY = ["--train-len", "16", "--steps", "4", "--batch-size", "4", "--d-model", "32", "--layers", "1",
+        "--heads", "2", "--tokenizer", "bytes", "--device", "cpu"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "--scheme", "rpoe"], "did you mean 'rope'"),
+    (["train", "--scheme", "rope", "--steps", "0"], "steps must be > 0"),
+    (["train", "--scheme", "rope", "--steps", "many"], "Invalid value for '--steps'"),
+    (["train", "--scheme", "rope", "--data", "files:/no/such/dir/*.txt"], "no readable files"),
+    (["train", "--scheme", "rope", "--param", "bsae=5"], "did you mean 'base'"),
+    (["train", "--scheme", "rope", "--task", "qiuck"], "did you mean 'quick'"),
+    (["schemes", "--format", "xml"], "Invalid value for '--format'"),
+])
+def test_bad_input_one_line_no_traceback(args, message):
+    proc = run_cli(*args)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_schemes_formats(capsys):
+    assert main(["schemes", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    names = {r["name"] for r in rows}
+    assert {"none", "learned", "sinusoidal", "rope", "alibi", "t5"} <= names
+    assert all(r["reference"] and r["family"] for r in rows)
+    assert main(["schemes", "--format", "csv"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("name,family,hooks") and len(out) == len(rows) + 1
+    assert main(["schemes"]) == 0
+    assert "rope" in capsys.readouterr().out
+
+
+def test_train_end_to_end(corpus_dir, tmp_path, capsys):
+    args = ["train", "--scheme", "alibi", "--data", f"files:{corpus_dir}", "--runs-dir", str(tmp_path), *TINY]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "validation loss" in out and "unigram model" in out
+    rows = results.read_rows(tmp_path / "runs.csv")
+    assert [r["scheme"] for r in rows] == ["alibi"] and rows[0]["backend"] == "sdpa-bias"
+    assert main(args + ["--resume"]) == 0
+    assert "already trained" in capsys.readouterr().out
+    assert len(results.read_rows(tmp_path / "runs.csv")) == 1
+
+
+def test_train_corrupt_checkpoint_cli(corpus_dir, tmp_path):
+    args = ["train", "--scheme", "rope", "--data", f"files:{corpus_dir}", "--runs-dir", str(tmp_path), *TINY]
+    assert main(args) == 0
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    (run_dir / "checkpoint.safetensors").write_bytes(b"not a checkpoint")
+    (run_dir / "model.safetensors").unlink()
+    proc = run_cli(*args, "--resume")
+    assert proc.returncode == 2 and "corrupt checkpoint" in proc.stderr and "Traceback" not in proc.stderr

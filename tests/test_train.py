@@ -1,0 +1,102 @@
+import dataclasses
+
+import pytest
+import torch
+
+from conftest import TINY_MODEL, TINY_TRAIN
+from posbench import results
+from posbench.errors import PosbenchError
+from posbench.train import RunSpec, load_trained, lr_at, train
+
+
+def spec_for(tiny_data, scheme="rope", **train_changes) -> RunSpec:
+    t = dataclasses.replace(TINY_TRAIN, **train_changes)
+    return RunSpec(scheme=scheme, data=tiny_data, model=TINY_MODEL, train=t, task="test")
+
+
+def test_run_id_depends_on_config_not_logistics(tiny_data):
+    a = spec_for(tiny_data)
+    assert a.run_id == spec_for(tiny_data, checkpoint_interval=99).run_id
+    assert a.run_id != spec_for(tiny_data, steps=7).run_id
+    assert a.run_id != spec_for(tiny_data, scheme="alibi").run_id
+    # An explicit default parameter is the same run as the implicit one.
+    assert RunSpec("rope", params={"base": "10000"}, data=tiny_data, model=TINY_MODEL,
+                   train=TINY_TRAIN).run_id == RunSpec("rope", data=tiny_data, model=TINY_MODEL,
+                                                       train=TINY_TRAIN).run_id
+
+
+def test_train_writes_run_and_row(tiny_data, tmp_path):
+    result = train(spec_for(tiny_data), tmp_path, device="cpu", progress=False)
+    run_dir = tmp_path / result.run_id
+    for name in ("config.json", "model.safetensors", "checkpoint.safetensors", "log.csv"):
+        assert (run_dir / name).exists(), name
+    rows = results.read_rows(tmp_path / "runs.csv")
+    assert len(rows) == 1 and rows[0]["status"] == "ok" and rows[0]["scheme"] == "rope"
+    log = results.read_rows(run_dir / "log.csv")
+    assert [int(r["step"]) for r in log] == list(range(1, 7))
+    assert log[2]["val_loss"] and not log[0]["val_loss"]  # eval_interval 3
+    spec, model, vocab = load_trained(run_dir)
+    assert spec.run_id == result.run_id and vocab == 257
+
+
+def test_loss_falls_with_training(tiny_data, tmp_path):
+    result = train(spec_for(tiny_data, steps=150, eval_interval=150, lr=1e-2, warmup=10, batch_size=8), tmp_path, device="cpu", progress=False)
+    # Bytes of a small vocabulary of words: far below log(257) = 5.55 and the unigram model.
+    assert result.row["final_val_loss"] < result.row["unigram_val_loss"] - 0.3
+
+
+def test_same_seed_same_numbers(tiny_data, tmp_path):
+    a = train(spec_for(tiny_data), tmp_path / "a", device="cpu", progress=False).row
+    b = train(spec_for(tiny_data), tmp_path / "b", device="cpu", progress=False).row
+    assert a["final_train_loss"] == b["final_train_loss"] and a["final_val_loss"] == b["final_val_loss"]
+
+
+def test_resume_continues_to_the_same_result(tiny_data, tmp_path):
+    whole = train(spec_for(tiny_data), tmp_path / "whole", device="cpu", progress=False).row
+    part = train(spec_for(tiny_data), tmp_path / "split", device="cpu", progress=False, stop_after=4)
+    assert part.row["status"] == "partial"
+    assert not (tmp_path / "split" / "runs.csv").exists()
+    resumed = train(spec_for(tiny_data), tmp_path / "split", device="cpu", progress=False, resume=True).row
+    assert resumed["final_train_loss"] == pytest.approx(whole["final_train_loss"], abs=1e-6)
+    assert resumed["final_val_loss"] == pytest.approx(whole["final_val_loss"], abs=1e-6)
+    log = results.read_rows(tmp_path / "split" / part.run_id / "log.csv")
+    assert [int(r["step"]) for r in log] == list(range(1, 7))  # no step lost or repeated
+    again = train(spec_for(tiny_data), tmp_path / "split", device="cpu", progress=False, resume=True)
+    assert again.skipped
+
+
+def test_nan_stops_and_is_recorded(tiny_data, tmp_path, monkeypatch):
+    from posbench.model import Transformer
+
+    real = Transformer.token_losses
+
+    def poisoned(self, idx, targets, pos=None):
+        return real(self, idx, targets, pos) * float("nan")
+
+    monkeypatch.setattr(Transformer, "token_losses", poisoned)
+    with pytest.raises(PosbenchError, match="loss became nan at step 0"):
+        train(spec_for(tiny_data), tmp_path, device="cpu", progress=False)
+    rows = results.read_rows(tmp_path / "runs.csv")
+    assert rows[0]["status"] == "failed" and "nan" in rows[0]["message"]
+
+
+def test_corrupt_checkpoint_is_one_clear_error(tiny_data, tmp_path):
+    spec = spec_for(tiny_data)
+    train(spec, tmp_path, device="cpu", progress=False, stop_after=2)
+    (tmp_path / spec.run_id / "checkpoint.safetensors").write_bytes(b"\x00garbage" * 10)
+    with pytest.raises(PosbenchError, match="corrupt checkpoint"):
+        train(spec, tmp_path, device="cpu", progress=False, resume=True)
+
+
+def test_randomized_positions_train(tiny_data, tmp_path):
+    spec = spec_for(tiny_data, scheme="learned", randomize_positions=True, randomize_max=64)
+    result = train(spec, tmp_path, device="cpu", progress=False)
+    _, model, _ = load_trained(result.run_dir)
+    assert model.scheme.position_limit() == 64  # the table covers L_max, not train_len
+    assert result.row["randomized"] is True
+
+
+def test_warmup_then_cosine():
+    t = TINY_TRAIN
+    assert lr_at(0, t) < lr_at(1, t) <= t.lr
+    assert lr_at(t.steps, t) == pytest.approx(0.1 * t.lr)
