@@ -3,9 +3,12 @@ first block (SCHEMES.md 1-6, seed 000 "绝对位置编码")."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
+from posbench.errors import PosbenchError
 from posbench.schemes.base import Scheme
 from posbench.schemes.registry import register
 from posbench.schemes.tables import GrowingTable, sinusoid
@@ -84,3 +87,152 @@ class Sinusoidal(Scheme):
 
     def embed(self, x, idx, pos):
         return x + self.table(pos).to(x.dtype)
+
+
+def rk4(h, p0: torch.Tensor, n: int, delta: float, substeps: int = 1) -> torch.Tensor:
+    """(n, d) solution of dp/dt = h(p, t), p(0) = p0 (d,), at t = k * delta for k < n, by
+    classical fourth-order Runge-Kutta with `substeps` fixed steps per delta. Row k depends only
+    on the k * substeps steps before it, never on n."""
+    step = delta / substeps
+    rows, p = [p0], p0
+    for k in range(n - 1):
+        for s in range(substeps):
+            t = (k * substeps + s) * step
+            k1 = h(p, t)
+            k2 = h(p + step / 2 * k1, t + step / 2)
+            k3 = h(p + step / 2 * k2, t + step / 2)
+            k4 = h(p + step * k3, t + step)
+            p = p + step / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+        rows.append(p)
+    return torch.stack(rows)
+
+
+class Dynamics(nn.Module):
+    """h_theta(p, t): [p, t] (d + 1) -> tanh hidden layer -> (d,)."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.inp = nn.Linear(dim + 1, hidden)
+        self.out = nn.Linear(hidden, dim)
+
+    def forward(self, p: torch.Tensor, t: float) -> torch.Tensor:
+        pt = torch.cat([p, p.new_full((1,), t)])
+        return self.out(torch.tanh(self.inp(pt)))
+
+
+@register
+class Recurrent(Scheme):
+    """FLOATER (Liu et al., ICML 2020): positions from a neural ODE, dp/dt = h_theta(p_t, t),
+    h_theta a small MLP (`Dynamics`), p(0) learned; p_k = p(k * delta), h_k = x_k + p_k.
+
+    Integrated by fixed-step RK4 (`rk4`), so the positions extend to any length and row k does
+    not depend on how many rows are built. With h = A p, A block-diagonal 2x2 rotations by the
+    sinusoidal frequencies, and delta = 1, the solution is the sinusoidal table (the "particular
+    solution" of seed 000). While gradients flow, the table (max(pos) + 1, d) is integrated afresh
+    in every forward; without them it is cached and grown, and rebuilt whenever a parameter has
+    changed (its version counter moved).
+    """
+
+    name = "recurrent"
+    family = "absolute"
+    hooks = ("input",)
+    reference = "Liu et al. 2020, arXiv:2003.09229"
+    extrapolates = "yes"
+    notes = (
+        "FLOATER ODE, fixed-step RK4 to t = k*delta; added once at the input (the paper also "
+        "re-injects positions in every block); sequential: cost grows with the largest position"
+    )
+    defaults = {"hidden": 32, "delta": 1.0, "substeps": 1}
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        self.p0 = nn.Parameter(torch.randn(dims.d_model) * 0.5)
+        self.dynamics = Dynamics(dims.d_model, self.p["hidden"])
+        self.table = GrowingTable(lambda n, dev: self.integrate(n))
+        self._versions: tuple = ()
+
+    def integrate(self, n: int) -> torch.Tensor:
+        """(n, d) positions p_0..p_{n-1}, in float32 whatever the autocast."""
+        with torch.autocast(self.p0.device.type, enabled=False):
+            return rk4(self.dynamics, self.p0, n, self.p["delta"], self.p["substeps"])
+
+    def positions(self, pos: torch.Tensor) -> torch.Tensor:
+        params = list(self.parameters())
+        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+            self.table.clear()
+            return self.integrate(int(pos.max()) + 1)[pos]
+        versions = tuple((p._version, p.data_ptr()) for p in params)
+        if versions != self._versions:
+            self.table.clear()
+            self._versions = versions
+        return self.table(pos)
+
+    def embed(self, x, idx, pos):
+        return x + self.positions(pos).to(x.dtype)
+
+
+@register
+class Multiplicative(Scheme):
+    """Position multiplied into the embeddings (seed 000 "相乘式"): h_k = x_k * p_k elementwise,
+    p_k = offset + s_k, s the sinusoidal table (`sinusoid`: s_{k,2i} = sin(k / base^(2i/d)),
+    s_{k,2i+1} = cos(.)). x (B, T, d), p (T, d).
+
+    offset = 1 (default) keeps every factor in [0, 2] and near 1 for the slow columns; offset = 0
+    is the plain sinusoid, which zeroes every sine column at k = 0 and nearly zeroes the slow sine
+    columns at every small k, erasing those token features.
+    """
+
+    name = "multiplicative"
+    family = "absolute"
+    hooks = ("input",)
+    reference = "Su 2021, kexue.fm/archives/8130 (seed 000)"
+    extrapolates = "no"
+    notes = "h = x * (offset + sinusoid), offset 1 by default (0: plain sinusoid, zeros at k = 0)"
+    defaults = {"base": 10000.0, "offset": 1.0}
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        self.table = GrowingTable(lambda n, dev: sinusoid(n, dims.d_model, self.p["base"], dev))
+
+    def embed(self, x, idx, pos):
+        return x * (self.p["offset"] + self.table(pos)).to(x.dtype)
+
+
+@register
+class ComplexOrder(Scheme):
+    """Complex Order (Wang et al., ICLR 2020): token j has amplitude r_j, frequency w_j and phase
+    theta_j (three tables (V, d/2)); at position k its embedding is r_j exp(i(w_j k + theta_j)),
+    fed to the real model as [r cos(w k + theta), r sin(w k + theta)] (B, T, d). It builds the
+    token embedding itself: the model has no token table.
+
+    Initialization: r ~ N(0, 2) so the embedding has unit variance like the model's token table,
+    theta ~ U(0, 2 pi), and every token's w_t = base^(-2t/d) (the sinusoidal frequencies), so
+    training starts from a rotary-style rotation of each token vector by its position.
+    """
+
+    name = "complex"
+    family = "absolute"
+    hooks = ("input",)
+    reference = "Wang et al. 2020, arXiv:1912.12333"
+    extrapolates = "yes"
+    owns_token_embedding = True
+    notes = (
+        "real and imaginary parts concatenated into the real-valued model; the paper's fully "
+        "complex-valued layers are out of scope"
+    )
+    defaults = {"base": 10000.0}
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        if dims.d_model % 2:
+            raise PosbenchError(f"{self.name} needs an even model width, got {dims.d_model}")
+        half = dims.d_model // 2
+        inv = self.p["base"] ** (-torch.arange(0, dims.d_model, 2, dtype=torch.float64) / dims.d_model)
+        self.amplitude = nn.Parameter(torch.randn(dims.vocab_size, half) * 2**0.5)
+        self.frequency = nn.Parameter(inv.float().expand(dims.vocab_size, half).clone())
+        self.phase = nn.Parameter(torch.rand(dims.vocab_size, half) * 2 * math.pi)
+
+    def embed(self, x, idx, pos):
+        angle = self.frequency[idx] * pos[:, None].float() + self.phase[idx]  # (B, T, d/2)
+        r = self.amplitude[idx]
+        return torch.cat([r * angle.cos(), r * angle.sin()], dim=-1)  # (B, T, d)

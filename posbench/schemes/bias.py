@@ -1,5 +1,5 @@
 """Bias schemes: a content-independent term b_h(i, j) added to the attention logits
-(SCHEMES.md 9, 14, 16-18). Each defines ``bias_fn(h, qpos, kpos)`` elementwise, so the same code
+(SCHEMES.md 9, 11, 14, 16-18). Each defines ``bias_fn(h, qpos, kpos)`` elementwise, so the same code
 builds the (H, T, T) float mask and FlexAttention's score_mod."""
 
 from __future__ import annotations
@@ -7,8 +7,11 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from posbench.errors import PosbenchError, did_you_mean
+from posbench.schemes.absolute import hierarchical_table
 from posbench.schemes.base import Scheme
 from posbench.schemes.registry import register
 
@@ -91,3 +94,222 @@ class T5Bias(Scheme):
     def bias_fn(self, h, qpos, kpos):
         bucket = t5_bucket(kpos - qpos, False, self.p["num_buckets"], self.p["max_distance"])
         return self.table[bucket, h]
+
+
+def inverse_softplus(y: torch.Tensor) -> torch.Tensor:
+    """x with softplus(x) = y, y > 0."""
+    return y + torch.log(-torch.expm1(-y))
+
+
+KERPLE_VARIANTS = ("log", "power")
+
+
+@register
+class Kerple(Scheme):
+    """KERPLE (Chi et al., NeurIPS 2022): a conditionally positive definite kernel of |i - j| as
+    the bias, parameters learned per head and kept positive:
+    - log (default):  b_h(i, j) = -r1_h log(1 + r2_h |i - j|)
+    - power:          b_h(i, j) = -r1_h |i - j|^r2_h, 0 < r2_h <= 2
+    Not scaled by 1/sqrt(D), shared by layers. Positivity by reparametrization:
+    r = softplus(raw), and r2 = 2 sigmoid(raw) for the power exponent. Initial values as in the
+    authors' code: log r1 ~ U(0, 2), r2 ~ U(0, 1); power r1 ~ U(0, 1), r2 ~ U(0, 2); each at
+    least 0.01.
+    """
+
+    name = "kerple"
+    family = "bias"
+    relative = True
+    hooks = ("bias",)
+    reference = "Chi et al. 2022, arXiv:2205.09921"
+    notes = "variant=log (default) or power; r1, r2 per head, shared by layers"
+    defaults = {"variant": "log"}
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        self.variant = self.p["variant"]
+        if self.variant not in KERPLE_VARIANTS:
+            raise did_you_mean(self.variant, KERPLE_VARIANTS, f"{self.name} variant")
+        h = dims.n_heads
+        if self.variant == "log":
+            r1, r2 = torch.rand(h) * 2, torch.rand(h)
+            raw2 = inverse_softplus(r2.clamp(min=0.01))
+        else:
+            r1, r2 = torch.rand(h), torch.rand(h) * 2
+            raw2 = torch.logit(r2.clamp(0.01, 1.98) / 2)
+        self.raw1 = nn.Parameter(inverse_softplus(r1.clamp(min=0.01)))
+        self.raw2 = nn.Parameter(raw2)
+
+    def coefficients(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """r1, r2, each (H,)."""
+        r1 = F.softplus(self.raw1)
+        if self.variant == "log":
+            return r1, F.softplus(self.raw2)
+        return r1, 2 * torch.sigmoid(self.raw2)
+
+    def bias_fn(self, h, qpos, kpos):
+        r1, r2 = self.coefficients()
+        r1, r2 = r1[h], r2[h]
+        d = (qpos - kpos).abs()
+        if self.variant == "log":
+            return -r1 * torch.log1p(r2 * d)
+        # d^r2 at d = 0 is 0, but its gradient in r2 (0^r2 log 0) is not: keep d = 0 out of pow
+        return -r1 * torch.where(d > 0, d.clamp(min=1) ** r2, 0.0)
+
+
+@register
+class Fire(Scheme):
+    """FIRE (Li et al., ICLR 2024): b_h(i, j) = f_theta(psi(i - j) / psi(max(L, i)))_h,
+    psi(x) = log(c x + 1), f_theta: 1 -> width (ReLU) -> H an MLP, c and L learned; i the query
+    position. Every key maps into [0, 1] (progressive interpolation), so longer windows reuse the
+    trained input range; not translation-invariant, since the normalizer reads i.
+
+    As in the authors' code: c enters as |c| (init 0.1), L as |s| * L0 with s learned (init 1)
+    so its step size is O(1), psi takes |i - j| (masked pairs stay finite), and 1e-6 is added to
+    the normalizer. L0 is train_len / 4 unless given (the paper's 512 at training length 2048).
+    `bias_fn` writes the MLP as elementwise operations over its hidden units, so it serves both
+    the materialized (H, T, T) bias and FlexAttention's score_mod.
+    """
+
+    name = "fire"
+    family = "bias"
+    hooks = ("bias",)
+    reference = "Li et al. 2024, arXiv:2310.04418"
+    notes = "MLP width 32, c and L learned (L init train_len/4 unless L > 0 given); shared by layers"
+    defaults = {"width": 32, "c": 0.1, "L": 0.0}
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        width = self.p["width"]
+        self.L0 = self.p["L"] or dims.train_len / 4
+        self.c = nn.Parameter(torch.tensor(self.p["c"]))
+        self.L_scale = nn.Parameter(torch.tensor(1.0))
+        first, second = nn.Linear(1, width), nn.Linear(width, dims.n_heads)  # their default init
+        self.w1 = nn.Parameter(first.weight.detach()[:, 0].clone())  # (width,)
+        self.b1 = nn.Parameter(first.bias.detach().clone())  # (width,)
+        self.w2 = nn.Parameter(second.weight.detach().clone())  # (H, width)
+        self.b2 = nn.Parameter(second.bias.detach().clone())  # (H,)
+
+    def normalized(self, qpos, kpos) -> torch.Tensor:
+        """psi(|i - j|) / psi(max(L, i)), in [0, 1] for j <= i."""
+        c = self.c.abs()
+        threshold = self.L_scale.abs() * self.L0
+        rel = torch.log(c * (qpos - kpos).abs() + 1)
+        norm = torch.log(c * torch.maximum(qpos.float(), threshold) + 1) + 1e-6
+        return rel / norm
+
+    def bias_fn(self, h, qpos, kpos):
+        x = self.normalized(qpos, kpos)
+        out = self.b2[h]
+        for u in range(self.p["width"]):
+            out = out + self.w2[h, u] * torch.relu(self.w1[u] * x + self.b1[u])
+        return out
+
+
+@register
+class Sandwich(Scheme):
+    """Sandwich (Chi et al., ACL 2023): the inner product of two sinusoidal embeddings of width
+    d', minus its value at distance 0, scaled per head; parameter-free:
+    b_h(i, j) = (sum_{t < d'/2} cos((i - j) / 10000^(2t/d')) - d'/2) / (8h / H), h = 1..H.
+    d' is the model width unless `dim` > 0 is given. `bias` materializes (H, T, T) from the
+    distinct offsets i - j only; `bias_fn` (elementwise, for score_mod) loops over the d'/2
+    frequencies.
+    """
+
+    name = "sandwich"
+    family = "bias"
+    relative = True
+    hooks = ("bias",)
+    reference = "Chi et al. 2023, arXiv:2212.10356"
+    notes = "parameter-free; d' = model width unless dim > 0 is given"
+    defaults = {"dim": 0, "base": 10000.0}
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        dim = self.p["dim"] or dims.d_model
+        if dim % 2:
+            raise PosbenchError(f"{self.name}: dim must be even, got {dim}")
+        self.half = dim // 2
+        self.freqs = [self.p["base"] ** (-2 * t / dim) for t in range(self.half)]
+        # 1 / (8h / H), h = 1..H
+        scale = [dims.n_heads / (8 * (h + 1)) for h in range(dims.n_heads)]
+        self.register_buffer("scale", torch.tensor(scale), persistent=False)
+
+    def bias_fn(self, h, qpos, kpos):
+        rel = (qpos - kpos).float()
+        acc = torch.zeros_like(rel)
+        for w in self.freqs:
+            acc = acc + torch.cos(rel * w)
+        return (acc - self.half) * self.scale[h]
+
+    def bias(self, pos, ctx=None):
+        rel = pos[:, None] - pos[None, :]  # (T, T)
+        offsets, inverse = torch.unique(rel, return_inverse=True)  # (U,), (T, T)
+        freqs = torch.tensor(self.freqs, dtype=torch.float64, device=pos.device)
+        dot = torch.cos(offsets.double()[:, None] * freqs).sum(-1) - self.half  # (U,)
+        return (self.scale[:, None] * dot.float())[:, inverse]  # (H, T, T)
+
+
+@register
+class Tupe(Scheme):
+    """TUPE (Ke et al., ICLR 2021): untied positional attention. Per head,
+    s_ij = (x_i W_Q).(x_j W_K) / sqrt(2D) + (p_i U_Q).(p_j U_K) / sqrt(2D) + b_h[bucket(j - i)],
+    p a learned absolute table (max_len, d) with its own projections U_Q, U_K (d, d), computed
+    once per forward and shared by layers, b the T5 bucket bias (`t5_bucket`, one-directional).
+
+    `prepare` projects the positions to pu, pk (H, T, D); `rotate` appends them to q and k
+    (q' = [q, pu], k' = [k, pk], (B, H, T, 2D)) and `qk_scale` is 1/sqrt(2D), so q'.k' scaled is
+    the first two terms exactly; `bias_fn` is the third. Like `learned`, the table has no row past
+    max_len; the `hierarchical` extension (`hierarchical_table`) reaches max_len^2. The paper's
+    untied [CLS] terms have no counterpart in a causal decoder.
+    """
+
+    name = "tupe"
+    family = "bias"
+    hooks = ("qk", "bias")
+    reference = "Ke et al. 2021, arXiv:2006.15595"
+    extrapolates = "extension"
+    notes = (
+        "absolute table as `learned` (beyond max_len: unsupported, or hierarchical); T5 buckets "
+        "one-directional; all shared by layers; no [CLS] untying"
+    )
+    extensions = ("hierarchical",)
+    defaults = {"max_len": 0, "alpha": 0.4, "num_buckets": 32, "max_distance": 128}
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        d = dims.d_model
+        self.n = self.p["max_len"] or dims.max_position
+        # the scales of the content path: unit-variance rows like the token table, projections
+        # initialized like the model's W_Q, W_K
+        self.table = nn.Parameter(torch.randn(self.n, d))
+        self.u_q = nn.Parameter(torch.randn(d, d) * 0.02)
+        self.u_k = nn.Parameter(torch.randn(d, d) * 0.02)
+        self.buckets = nn.Parameter(torch.zeros(self.p["num_buckets"], dims.n_heads))
+
+    @property
+    def qk_scale(self) -> float:
+        return 1.0 / math.sqrt(2 * self.head_dim)
+
+    def position_limit(self):
+        return self.n**2 if self.extension == "hierarchical" else self.n
+
+    def prepare(self, pos):
+        table = self.table
+        if self.extension == "hierarchical":
+            table = hierarchical_table(table, self.p["alpha"])
+        p = table[pos]  # (T, d)
+        t = pos.shape[0]
+        pu = (p @ self.u_q).view(t, self.n_heads, self.head_dim).transpose(0, 1)  # (H, T, D)
+        pk = (p @ self.u_k).view(t, self.n_heads, self.head_dim).transpose(0, 1)
+        return pu, pk
+
+    def rotate(self, q, k, pos, ctx):
+        pu, pk = ctx
+        b = q.shape[0]
+        q = torch.cat([q, pu.to(q.dtype).expand(b, -1, -1, -1)], dim=-1)  # (B, H, T, 2D)
+        k = torch.cat([k, pk.to(k.dtype).expand(b, -1, -1, -1)], dim=-1)
+        return q, k
+
+    def bias_fn(self, h, qpos, kpos):
+        bucket = t5_bucket(kpos - qpos, False, self.p["num_buckets"], self.p["max_distance"])
+        return self.buckets[bucket, h]

@@ -79,6 +79,16 @@ def rope_frequencies(
     return inv, 1.0
 
 
+def angle_table(inv: torch.Tensor, mscale: float = 1.0) -> GrowingTable:
+    """Rows (2, D/2) per position k: cos and sin of k * inv, times mscale, computed in float64."""
+
+    def build(n, device):
+        angle = torch.arange(n, dtype=torch.float64)[:, None] * inv
+        return (torch.stack([angle.cos(), angle.sin()], dim=1) * mscale).float().to(device)
+
+    return GrowingTable(build)
+
+
 def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x (..., T, D) rotated pairwise; cos, sin (T, D/2)."""
     x1, x2 = x.chunk(2, dim=-1)
@@ -119,12 +129,7 @@ class RoPE(Scheme):
             inv, mscale = rope_frequencies(
                 self.head_dim, self.p["base"], self.dims.train_len, self.scaling, length
             )
-
-            def build(n, device, inv=inv, mscale=mscale):
-                angle = torch.arange(n, dtype=torch.float64)[:, None] * inv
-                return (torch.stack([angle.cos(), angle.sin()]) * mscale).float().to(device)
-
-            self._tables[key] = GrowingTable(lambda n, dev, b=build: b(n, dev).transpose(0, 1))
+            self._tables[key] = angle_table(inv, mscale)
         cos_sin = self._tables[key](pos)  # (T, 2, D/2)
         return cos_sin[:, 0], cos_sin[:, 1]
 
@@ -135,3 +140,47 @@ class RoPE(Scheme):
         cos, sin = ctx
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         return rotate_half(q, cos, sin), rotate_half(k, cos, sin)
+
+
+def xpos_zeta(dim: int) -> torch.Tensor:
+    """(dim/2,) float64 per-pair decay base zeta_t = (2t/dim + 0.4) / 1.4 (Sun et al. 2022)."""
+    return (torch.arange(0, dim, 2, dtype=torch.float64) / dim + 0.4) / 1.4
+
+
+@register
+class XPos(Scheme):
+    """xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer"): RoPE times a per-pair
+    exponential decay. Pair t of q at position m is rotated by m * theta_t and scaled by
+    zeta_t^((m - c)/gamma), pair t of k at n rotated by n * theta_t and scaled by
+    zeta_t^(-(n - c)/gamma), so pair t of the logit carries zeta_t^((m - n)/gamma) < 1: distant
+    keys are damped. c, the integer midpoint of the window's positions, keeps both powers finite
+    and cancels in every logit. q, k (B, H, T, D); half-split pairs as in `RoPE`.
+    """
+
+    name = "xpos"
+    family = "rotary"
+    relative = True
+    hooks = ("qk",)
+    reference = "Sun et al. 2022, arXiv:2212.10554"
+    extrapolates = "yes"
+    notes = "half-split (NeoX) pairs; decay zeta^((m-n)/gamma), powers centred on the window midpoint"
+    defaults = {"base": 10000.0, "gamma": 512.0}
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        if self.head_dim % 2:
+            raise PosbenchError(f"{self.name} needs an even head dimension, got {self.head_dim}")
+        inv, _ = rope_frequencies(self.head_dim, self.p["base"], dims.train_len, RopeScaling(), 0)
+        self.table = angle_table(inv)
+
+    def prepare(self, pos):
+        cos_sin = self.table(pos)  # (T, 2, D/2)
+        centre = (pos.min() + pos.max()) // 2
+        zeta = xpos_zeta(self.head_dim).to(pos.device)
+        scale = zeta ** ((pos - centre).double()[:, None] / self.p["gamma"])  # (T, D/2)
+        return cos_sin[:, 0], cos_sin[:, 1], scale.float()
+
+    def rotate(self, q, k, pos, ctx):
+        cos, sin, scale = (t.to(q.dtype) for t in ctx)
+        # rotate_half is linear in (cos, sin): scaling both scales the rotated pair
+        return rotate_half(q, cos * scale, sin * scale), rotate_half(k, cos / scale, sin / scale)
