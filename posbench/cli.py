@@ -122,6 +122,63 @@ def train(
     )
 
 
+@app.command()
+def extrapolate(
+    runs_dir: Path = typer.Option(Path("runs"), help="where trained runs are"),
+    scheme: Optional[List[str]] = typer.Option(None, help="only runs of these schemes (repeatable or comma-separated)"),
+    task: Optional[str] = typer.Option(None, help="task whose [eval] settings are the defaults"),
+    lengths: Optional[str] = typer.Option(None, help="evaluation lengths, e.g. 64,128,256"),
+    mode: Optional[str] = typer.Option(None, help="nonoverlap | sliding"),
+    stride: Optional[int] = typer.Option(None, help="sliding stride (default: half the window)"),
+    tokens: Optional[int] = typer.Option(None, help="tokens scored at every length"),
+    rope_scaling: Optional[str] = typer.Option(None, help="comma-separated: none,pi,ntk,dynamic-ntk,yarn"),
+    scaling_factor: Optional[float] = typer.Option(None, help="RoPE scaling factor s (default L_eval/L_train)"),
+    yarn_alpha: Optional[float] = typer.Option(None, help="YaRN alpha (beta_slow)"),
+    yarn_beta: Optional[float] = typer.Option(None, help="YaRN beta (beta_fast)"),
+    learned_extension: Optional[str] = typer.Option(None, help="comma-separated: none,hierarchical"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    out: Optional[Path] = typer.Option(None, help="where CSVs and plots go (default: the runs directory)"),
+):
+    """Evaluate every trained run on the test split at every length; CSVs, a table and plots."""
+    from posbench import evaluate, report
+
+    t = config.load_task(task)
+    cfg = config.replace(
+        t.eval,
+        lengths=config.parse_int_list(lengths) if lengths else None,
+        mode=mode, stride=stride, tokens=tokens,
+        rope_scaling=_split(rope_scaling), rope_scaling_factor=scaling_factor,
+        yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, learned_extension=_split(learned_extension),
+    )
+    from posbench.schemes import get_scheme
+
+    names = _split(",".join(scheme)) if scheme else None
+    for name in names or ():
+        get_scheme(name)
+    out_dir = out or runs_dir
+    rows = evaluate.extrapolate(runs_dir, cfg, names, out_dir, device, progress=sys.stderr.isatty())
+    console.print(report.ppl_table(rows, f"perplexity, {cfg.mode}"))
+    from posbench import results
+
+    plots = [
+        report.plot_extrapolation(results.read_rows(results.table_path(out_dir, "extrapolation")),
+                                  Path(out_dir) / "extrapolation.png"),
+        report.plot_positions(results.read_rows(results.table_path(out_dir, "positions")),
+                              Path(out_dir) / "positions.png"),
+    ]
+    console.print(f"wrote {results.table_path(out_dir, 'extrapolation')}, "
+                  f"{results.table_path(out_dir, 'positions')}, {', '.join(map(str, plots))}")
+
+
+def _split(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    items = tuple(v.strip() for v in text.split(",") if v.strip())
+    if not items:
+        raise PosbenchError(f"empty list {text!r}")
+    return items
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: every user error becomes one line on stderr and exit code 2."""
     try:

@@ -78,7 +78,7 @@ def resolve_device(device: str) -> torch.device:
 
 def autocast(device: torch.device, dtype: str):
     enabled = dtype == "bfloat16"
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=enabled)
 
 
 def build_model(spec: RunSpec, vocab_size: int) -> Transformer:

@@ -1,0 +1,190 @@
+"""Perplexity beyond the training length (DESIGN.md, Evaluation protocol).
+
+- ``nonoverlap`` (Press et al.): the test stream is cut into windows of L and every token is
+  scored. Every length scores the same budget of target tokens, the same tokens where L divides
+  the budget; the count is recorded.
+- ``sliding``: windows of L advance by S and only their last S tokens are scored, so each scored
+  token sees at least L - S tokens of context. The scored targets start at the largest evaluated
+  length, so every length scores the same tokens.
+
+Per-position loss (mean loss by position inside the window) goes to positions.csv. A scheme that
+cannot run at a length yields a row with status `unsupported` and the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from posbench import results
+from posbench.config import EvalConfig
+from posbench.data import TokenData, load_tokens
+from posbench.errors import PosbenchError
+from posbench.schemes import PositionLimitError
+from posbench.schemes.rotary import RopeScaling
+from posbench.train import FINAL, RunSpec, autocast, load_trained, resolve_device
+
+ATTN_BYTES = 512 * 2**20  # cap on one batch's attention scores (B * H * L * L floats)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One eval-time configuration of a run: RoPE scaling and/or a position-table extension."""
+
+    scaling: RopeScaling = RopeScaling()
+    extension: str = "none"
+
+    @property
+    def scaling_label(self) -> str:
+        s = self.scaling
+        label = s.label
+        if s.kind == "yarn" and (s.alpha, s.beta) != (1.0, 32.0):
+            label += f"(alpha={s.alpha:g},beta={s.beta:g})"
+        return label
+
+
+def find_runs(runs_dir: Path | str, schemes: list[str] | None = None) -> list[Path]:
+    """Finished runs under runs_dir (those with final weights), optionally of some schemes."""
+    runs_dir = Path(runs_dir)
+    if not runs_dir.is_dir():
+        raise PosbenchError(f"runs directory {str(runs_dir)!r} does not exist; train first")
+    found = sorted(p.parent for p in runs_dir.glob(f"*/{FINAL}"))
+    if schemes:
+        found = [p for p in found if p.name.rsplit("-", 1)[0] in schemes]
+    return found
+
+
+def variants_for(spec: RunSpec, cfg: EvalConfig, scheme) -> list[Variant]:
+    """The variants that apply to this run's scheme (others are skipped, not failed)."""
+    scalings = [RopeScaling(k, cfg.rope_scaling_factor, cfg.yarn_alpha, cfg.yarn_beta)
+                for k in cfg.rope_scaling] if hasattr(scheme, "set_scaling") else [RopeScaling()]
+    extensions = [e for e in cfg.learned_extension if e == "none" or e in scheme.extensions] or ["none"]
+    return [Variant(s, e) for s in dict.fromkeys(scalings) for e in dict.fromkeys(extensions)]
+
+
+def windows(stream: torch.Tensor, length: int, cfg: EvalConfig, lengths: tuple[int, ...]):
+    """(starts, first_scored): input windows stream[s : s + L] predict stream[s + 1 : s + L + 1];
+    positions >= first_scored inside each window are scored."""
+    budget = cfg.tokens
+    if cfg.mode == "nonoverlap":
+        n = max(1, budget // length)
+        if (n * length) + 1 > len(stream):
+            n = (len(stream) - 1) // length
+        if n < 1:
+            raise PosbenchError(f"the test split ({len(stream)} tokens) is shorter than one window of {length}")
+        return torch.arange(n) * length, 0
+    stride = cfg.stride or max(1, length // 2)
+    if stride > length:
+        raise PosbenchError(f"stride {stride} is longer than the window {length}")
+    first_target = max(lengths)  # every length has full context before it
+    n = max(1, budget // stride)
+    while n and first_target + n * stride > len(stream):
+        n -= 1
+    if n < 1:
+        raise PosbenchError(f"the test split ({len(stream)} tokens) is too short for sliding windows of {length}")
+    # Window k, stream[s : s + L], scores its last S predictions: targets F + kS .. F + kS + S - 1.
+    starts = first_target + (torch.arange(n) + 1) * stride - length - 1
+    return starts, length - stride
+
+
+def batches(starts: torch.Tensor, length: int, heads: int, batch_tokens: int) -> Iterator[torch.Tensor]:
+    per = max(1, min(batch_tokens // length, ATTN_BYTES // (4 * heads * length * length)))
+    yield from starts.split(per)
+
+
+@torch.inference_mode()
+def score(model, stream: torch.Tensor, length: int, cfg: EvalConfig, lengths, device, dtype: str):
+    """Summed loss and count per window position (L,), over every scored window."""
+    starts, first = windows(stream, length, cfg, lengths)
+    total = torch.zeros(length, dtype=torch.float64)
+    count = torch.zeros(length, dtype=torch.float64)
+    offsets = torch.arange(length + 1)
+    for chunk in batches(starts, length, model.cfg.n_heads, cfg.batch_tokens):
+        tokens = stream[chunk[:, None] + offsets].to(device)
+        with autocast(device, dtype):
+            losses = model.token_losses(tokens[:, :-1], tokens[:, 1:])  # (B, L)
+        total[first:] += losses[:, first:].double().sum(0).cpu()
+        count[first:] += losses.shape[0]
+    return total, count
+
+
+def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cache=None,
+                 task: str | None = None) -> tuple[list[dict], list[dict]]:
+    """Rows for extrapolation.csv and positions.csv of one finished run."""
+    dev = resolve_device(device)
+    spec, model, _ = load_trained(run_dir, dev)
+    data_cache = {} if data_cache is None else data_cache
+    if spec.data not in data_cache:
+        data_cache[spec.data] = load_tokens(spec.data)
+    data: TokenData = data_cache[spec.data]
+    stream = data.test
+    base = {
+        "run_id": spec.run_id, "task": task or spec.task, "scheme": spec.scheme,
+        "params": model.scheme.describe(), "seed": spec.seed, "train_len": spec.train.train_len,
+        "mode": cfg.mode, **results.provenance(dev.type, spec.train.dtype, data.fingerprint),
+    }
+    from posbench.attention import choose_backend
+
+    rows, positions = [], []
+    for variant in variants_for(spec, cfg, model.scheme):
+        if hasattr(model.scheme, "set_scaling"):
+            model.scheme.set_scaling(variant.scaling)
+        model.scheme.set_extension(variant.extension)
+        for length in cfg.lengths:
+            stride = (cfg.stride or max(1, length // 2)) if cfg.mode == "sliding" else 0
+            row = {**base, "eval_len": length, "ratio": length / spec.train.train_len,
+                   "stride": stride, "scaling": variant.scaling_label, "extension": variant.extension,
+                   "backend": model.backend or choose_backend(model.scheme, dev)}
+            try:
+                total, count = score(model, stream, length, cfg, cfg.lengths, dev, spec.train.dtype)
+            except PositionLimitError as e:
+                rows.append({**row, "status": "unsupported", "reason": str(e), "tokens": 0})
+                continue
+            loss = float(total.sum() / count.sum())
+            status = "ok" if torch.isfinite(torch.tensor(loss)) else "failed"
+            rows.append({**row, "tokens": int(count.sum()), "loss": loss,
+                         "ppl": float(torch.tensor(loss).exp()), "status": status, "reason": ""})
+            positions += position_rows(row, total, count, cfg.position_buckets)
+    return rows, positions
+
+
+def position_rows(row: dict, total: torch.Tensor, count: torch.Tensor, buckets: int) -> list[dict]:
+    length = total.shape[0]
+    edges = torch.linspace(0, length, min(buckets, length) + 1).round().long().tolist()
+    out = []
+    for b, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])):
+        n = float(count[lo:hi].sum())
+        if n == 0:
+            continue
+        out.append({k: row[k] for k in ("run_id", "scheme", "eval_len", "mode", "stride", "scaling", "extension")}
+                   | {"bucket": b, "position_start": lo, "position_end": hi - 1, "tokens": int(n),
+                      "loss": float(total[lo:hi].sum()) / n})
+    return out
+
+
+def extrapolate(runs_dir: Path | str, cfg: EvalConfig, schemes: list[str] | None = None,
+                out: Path | str | None = None, device: str = "auto", progress: bool = False,
+                runs: list[Path] | None = None) -> list[dict]:
+    """Evaluate every finished run (or those of `schemes`); merge rows into out/*.csv."""
+    runs = find_runs(runs_dir, schemes) if runs is None else runs
+    if not runs:
+        named = f" of schemes {', '.join(schemes)}" if schemes else ""
+        raise PosbenchError(f"no trained runs{named} in {runs_dir}; run `posbench train` first")
+    out = Path(out or runs_dir)
+    cache: dict = {}
+    all_rows = []
+    from rich.progress import Progress
+
+    with Progress(disable=not progress, transient=True) as bar:
+        task = bar.add_task("extrapolate", total=len(runs))
+        for run_dir in runs:
+            bar.update(task, description=run_dir.name)
+            rows, positions = evaluate_run(run_dir, cfg, device, cache)
+            results.merge_rows(out, "extrapolation", rows)
+            results.merge_rows(out, "positions", positions)
+            all_rows += rows
+            bar.advance(task)
+    return all_rows

@@ -1,0 +1,151 @@
+"""The evaluation protocols on predictors whose loss is known, the equal token budget, and
+`unsupported` rows."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from conftest import TINY_MODEL, TINY_TRAIN, tiny_model
+from posbench import results
+from posbench.cli import main
+from posbench.config import EvalConfig
+from posbench.evaluate import evaluate_run, extrapolate, score, windows
+from posbench.train import RunSpec, train
+
+
+class ContextPredictor:
+    """Loss at window position p is 1 / (p + 1): more context, lower loss."""
+
+    class cfg:
+        n_heads = 1
+
+    def __init__(self):
+        self.seen = []
+
+    def token_losses(self, idx, targets, pos=None):
+        self.seen.append(idx.shape)
+        p = torch.arange(idx.shape[1], dtype=torch.float)
+        return (1.0 / (p + 1)).expand(idx.shape[0], -1)
+
+
+STREAM = torch.arange(5000) % 97
+
+
+def mean_loss(total, count):
+    return float(total.sum() / count.sum())
+
+
+def test_nonoverlap_scores_every_token_with_known_loss():
+    cfg = EvalConfig(tokens=512, batch_tokens=128)
+    for length in (16, 64, 128):
+        total, count = score(ContextPredictor(), STREAM, length, cfg, (16, 64, 128), "cpu", "float32")
+        harmonic = sum(1 / (p + 1) for p in range(length)) / length
+        assert mean_loss(total, count) == pytest.approx(harmonic)
+        assert count.sum() == 512 and (count == 512 / length).all()
+
+
+def test_sliding_scores_only_last_stride_tokens():
+    cfg = EvalConfig(mode="sliding", stride=16, tokens=256)
+    total, count = score(ContextPredictor(), STREAM, 64, cfg, (64, 128), "cpu", "float32")
+    assert (count[:48] == 0).all() and (count[48:] == 256 / 16).all()
+    expect = sum(1 / (p + 1) for p in range(48, 64)) / 16
+    assert mean_loss(total, count) == pytest.approx(expect)
+
+
+def test_same_targets_at_every_length():
+    cfg = EvalConfig(tokens=512)
+    lengths = (16, 32, 64, 128)
+
+    def targets(length, cfg):
+        starts, first = windows(STREAM, length, cfg, lengths)
+        return sorted((s + 1 + p) for s in starts.tolist() for p in range(first, length))
+
+    same = [targets(n, cfg) for n in lengths]
+    assert all(t == same[0] for t in same) and len(same[0]) == 512
+    sliding = dataclasses.replace(cfg, mode="sliding", stride=8)
+    same = [targets(n, sliding) for n in lengths]
+    assert all(t == same[0] for t in same) and len(same[0]) == 512
+    assert min(same[0]) == max(lengths)  # every scored token has full context at every length
+    # A length that does not divide the budget scores fewer tokens, and says so.
+    starts, _ = windows(STREAM, 100, cfg, lengths)
+    assert len(starts) * 100 == 500
+
+
+def test_uniform_model_has_vocabulary_perplexity():
+    model = tiny_model("rope")
+    with torch.no_grad():
+        model.head.weight.zero_()
+    cfg = EvalConfig(tokens=256)
+    total, count = score(model, STREAM % 50, 64, cfg, (64,), "cpu", "float32")
+    assert math.exp(mean_loss(total, count)) == pytest.approx(50, rel=1e-5)
+
+
+def test_batches_bound_attention_memory():
+    model = ContextPredictor()
+    cfg = EvalConfig(tokens=2048, batch_tokens=1 << 20)
+    score(model, STREAM, 1024, cfg, (1024,), "cpu", "float32")
+    assert all(b * 1024 * 1024 * 4 <= 512 * 2**20 for b, _ in model.seen)
+
+
+def test_short_test_split_is_one_clear_error():
+    from posbench.errors import PosbenchError
+
+    with pytest.raises(PosbenchError, match="shorter than one window"):
+        windows(torch.arange(50), 64, EvalConfig(), (64,))
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_data, tmp_path_factory):
+    runs = tmp_path_factory.mktemp("runs")
+    for scheme in ("learned", "rope", "alibi"):
+        train(RunSpec(scheme, data=tiny_data, model=TINY_MODEL, train=TINY_TRAIN), runs,
+              device="cpu", progress=False)
+    return runs
+
+
+def test_unsupported_rows_and_hierarchical_extension(trained):
+    cfg = EvalConfig(lengths=(16, 32), tokens=64, learned_extension=("none", "hierarchical"))
+    (run,) = [p for p in trained.iterdir() if p.name.startswith("learned-")]
+    rows, positions = evaluate_run(run, cfg, "cpu")
+    by = {(r["eval_len"], r["extension"]): r for r in rows}
+    assert by[(16, "none")]["status"] == "ok"
+    assert by[(32, "none")]["status"] == "unsupported" and "beyond its table of 16" in by[(32, "none")]["reason"]
+    assert by[(32, "hierarchical")]["status"] == "ok"
+    # The extension reproduces the trained table on its first rows: identical loss in-length.
+    assert by[(16, "hierarchical")]["loss"] == pytest.approx(by[(16, "none")]["loss"], abs=1e-6)
+    assert {p["eval_len"] for p in positions} == {16, 32}
+
+
+def test_rope_scaling_rows(trained):
+    cfg = EvalConfig(lengths=(16, 64), tokens=64, rope_scaling=("none", "pi", "yarn"))
+    (run,) = [p for p in trained.iterdir() if p.name.startswith("rope-")]
+    rows, _ = evaluate_run(run, cfg, "cpu")
+    by = {(r["eval_len"], r["scaling"]): r["loss"] for r in rows}
+    assert by[(16, "pi")] == by[(16, "none")] == by[(16, "yarn")]  # s = 1 in length
+    assert by[(64, "pi")] != by[(64, "none")] != by[(64, "yarn")]
+
+
+def test_repeated_extrapolate_never_duplicates(trained, tmp_path):
+    cfg = EvalConfig(lengths=(16, 32), tokens=64)
+    extrapolate(trained, cfg, out=tmp_path, device="cpu")
+    first = results.read_rows(tmp_path / "extrapolation.csv")
+    extrapolate(trained, cfg, out=tmp_path, device="cpu")
+    second = results.read_rows(tmp_path / "extrapolation.csv")
+    assert len(first) == len(second) == 3 * 2
+    assert [r["loss"] for r in first] == [r["loss"] for r in second]  # deterministic
+
+
+def test_extrapolate_cli(trained, tmp_path, capsys):
+    out = tmp_path / "out"
+    args = ["extrapolate", "--runs-dir", str(trained), "--lengths", "16,32", "--mode", "sliding",
+            "--stride", "8", "--device", "cpu", "--out", str(out), "--scheme", "rope,alibi"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "perplexity, sliding" in text and "rope" in text and "learned" not in text
+    rows = results.read_rows(out / "extrapolation.csv")
+    assert {r["scheme"] for r in rows} == {"rope", "alibi"} and {r["stride"] for r in rows} == {"8"}
+    assert (out / "extrapolation.png").stat().st_size > 1000 and (out / "positions.png").exists()
+    assert main(["extrapolate", "--runs-dir", str(tmp_path / "none")]) == 2
+    assert main(["extrapolate", "--runs-dir", str(trained), "--lengths", "16,x"]) == 2
