@@ -166,8 +166,8 @@ class Fire(Scheme):
     As in the authors' code: c enters as |c| (init 0.1), L as |s| * L0 with s learned (init 1)
     so its step size is O(1), psi takes |i - j| (masked pairs stay finite), and 1e-6 is added to
     the normalizer. L0 is train_len / 4 unless given (the paper's 512 at training length 2048).
-    `bias_fn` writes the MLP as elementwise operations over its hidden units, so it serves both
-    the materialized (H, T, T) bias and FlexAttention's score_mod.
+    `bias_fn` writes the MLP as elementwise operations over its hidden units, as FlexAttention's
+    score_mod needs; `bias` materializes (H, T, T) with the same MLP as a matmul.
     """
 
     name = "fire"
@@ -204,15 +204,27 @@ class Fire(Scheme):
             out = out + self.w2[h, u] * torch.relu(self.w1[u] * x + self.b1[u])
         return out
 
+    def bias(self, pos, ctx=None):
+        """(H, T, T): the same MLP as a matmul, over blocks of query rows to bound memory."""
+        t = pos.shape[0]
+        rows = max(1, 2**22 // (t * self.p["width"]))
+        blocks = []
+        for qpos in pos.split(rows):
+            x = self.normalized(qpos[:, None], pos[None, :])  # (r, T)
+            hidden = F.linear(x[..., None], self.w1[:, None], self.b1).relu()  # (r, T, width)
+            blocks.append(F.linear(hidden, self.w2, self.b2))  # (r, T, H)
+        return torch.cat(blocks).permute(2, 0, 1)
+
 
 @register
 class Sandwich(Scheme):
     """Sandwich (Chi et al., ACL 2023): the inner product of two sinusoidal embeddings of width
     d', minus its value at distance 0, scaled per head; parameter-free:
     b_h(i, j) = (sum_{t < d'/2} cos((i - j) / 10000^(2t/d')) - d'/2) / (8h / H), h = 1..H.
-    d' is the model width unless `dim` > 0 is given. `bias` materializes (H, T, T) from the
-    distinct offsets i - j only; `bias_fn` (elementwise, for score_mod) loops over the d'/2
-    frequencies.
+    d' is the model width unless `dim` > 0 is given. Each term is summed as
+    cos(x) - 1 = -2 sin^2(x/2), which avoids the cancellation of subtracting d'/2 in float32.
+    `bias_fn` (elementwise, for score_mod) loops over the d'/2 frequencies; `bias` evaluates the
+    same sum once per distinct |i - j| and gathers it into (H, T, T).
     """
 
     name = "sandwich"
@@ -228,8 +240,7 @@ class Sandwich(Scheme):
         dim = self.p["dim"] or dims.d_model
         if dim % 2:
             raise PosbenchError(f"{self.name}: dim must be even, got {dim}")
-        self.half = dim // 2
-        self.freqs = [self.p["base"] ** (-2 * t / dim) for t in range(self.half)]
+        self.freqs = [self.p["base"] ** (-2 * t / dim) for t in range(dim // 2)]
         # 1 / (8h / H), h = 1..H
         scale = [dims.n_heads / (8 * (h + 1)) for h in range(dims.n_heads)]
         self.register_buffer("scale", torch.tensor(scale), persistent=False)
@@ -238,15 +249,15 @@ class Sandwich(Scheme):
         rel = (qpos - kpos).float()
         acc = torch.zeros_like(rel)
         for w in self.freqs:
-            acc = acc + torch.cos(rel * w)
-        return (acc - self.half) * self.scale[h]
+            acc = acc - 2 * torch.sin(rel * (w / 2)) ** 2
+        return acc * self.scale[h]
 
     def bias(self, pos, ctx=None):
-        rel = pos[:, None] - pos[None, :]  # (T, T)
-        offsets, inverse = torch.unique(rel, return_inverse=True)  # (U,), (T, T)
+        dist = (pos[:, None] - pos[None, :]).abs()  # (T, T)
+        offsets = torch.arange(int(dist.max()) + 1, device=pos.device, dtype=torch.float64)
         freqs = torch.tensor(self.freqs, dtype=torch.float64, device=pos.device)
-        dot = torch.cos(offsets.double()[:, None] * freqs).sum(-1) - self.half  # (U,)
-        return (self.scale[:, None] * dot.float())[:, inverse]  # (H, T, T)
+        row = (-2 * torch.sin(offsets[:, None] * freqs / 2) ** 2).sum(-1)  # (max |i - j| + 1,)
+        return (self.scale[:, None] * row.float())[:, dist]  # (H, T, T)
 
 
 @register
