@@ -12,6 +12,10 @@ from posbench.schemes import SCHEMES
 ALL = sorted(SCHEMES)
 RELATIVE = [n for n in ALL if SCHEMES[n].relative]
 T = 16
+# At init the attention branch is small (weights std 0.02), so a scheme acting on the logits
+# (fire, tupe) moves the outputs by ~1e-5 under a shift, while float noise in relative schemes
+# stays below ~1e-7: one tolerance between the two serves both shift tests.
+SHIFT_ATOL = 1e-6
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -37,7 +41,7 @@ def test_translation_invariant(name):
     with torch.no_grad():
         a = model(x, pos)
         b = model(x, pos + 5)
-    assert torch.allclose(a, b, atol=1e-4), (a - b).abs().max()
+    assert torch.allclose(a, b, atol=SHIFT_ATOL), (a - b).abs().max()
 
 
 @pytest.mark.parametrize("name", [n for n in ALL if not SCHEMES[n].relative and SCHEMES[n].takes_positions])
@@ -47,7 +51,7 @@ def test_absolute_schemes_see_positions(name):
     x = torch.randint(0, 50, (2, T))
     with torch.no_grad():
         a, b = model(x, torch.arange(T)), model(x, torch.arange(T) + 5)
-    assert not torch.allclose(a, b, atol=1e-4)
+    assert not torch.allclose(a, b, atol=SHIFT_ATOL)
 
 
 @pytest.mark.parametrize("name", ALL)
