@@ -214,17 +214,18 @@ def test_cope_matches_double_loop(npos):
     npos = npos or 17
     q, k, v = qkv()
     layer = 1
-    e = scheme.emb[layer].detach()  # (D, npos)
+    e = scheme.emb[layer].detach().T  # (npos, D): e[p] is row p
     ref = torch.zeros(B, H, T, T)
     for i in range(T):
-        gates = [torch.sigmoid((q[:, :, i] * k[:, :, t]).sum(-1) / math.sqrt(D)) for t in range(i + 1)]
+        gates = [torch.sigmoid((q[:, :, i] * k[:, :, t]).sum(-1) / math.sqrt(D))
+                 for t in range(i + 1)]  # g_it, each (B, H)
         for j in range(i + 1):
             p = torch.stack(gates[j : i + 1]).sum(0).clamp(max=npos - 1)  # (B, H)
-            lo = p.floor()
-            w = (p - lo)[..., None]
+            w = (p - p.floor())[..., None]
             # interpolate the embedding vectors, then dot with q (the scheme interpolates logits)
-            e_p = e[:, lo.long()].permute(1, 2, 0) * (1 - w) + e[:, p.ceil().long()].permute(1, 2, 0) * w
-            ref[:, :, i, j] = ((q[:, :, i] * k[:, :, j]).sum(-1) + (q[:, :, i] * e_p).sum(-1)) / math.sqrt(D)
+            e_p = e[p.floor().long()] * (1 - w) + e[p.ceil().long()] * w  # (B, H, D)
+            content = (q[:, :, i] * k[:, :, j]).sum(-1)
+            ref[:, :, i, j] = (content + (q[:, :, i] * e_p).sum(-1)) / math.sqrt(D)
     s, _ = scores_and_output(scheme, q, k, v, GAPPED, layer)
     assert_close_with_grads(lower(s), lower(ref), (q, k), atol=1e-5, rtol=1e-4)
 

@@ -8,8 +8,9 @@ Distances come from the explicit positions, pos_i - pos_j, never from indices, s
 (not Transformer-XL's relative-shift trick, which assumes consecutive positions) serves shifted
 and randomized (sorted, gapped) windows alike.
 
-Causal decoders only read j <= i, so only distances 0..max needed rows of a table are used; the
-explicit attention path masks j > i after these hooks, and there the index reads distance 0.
+A causal decoder reads only j <= i, so only the rows for distances 0..pos[-1] - pos[0] (clipped
+where the scheme clips) are multiplied; the explicit path masks j > i after these hooks, and the
+index reads distance 0 there. Positions must therefore be non-decreasing, as every window is.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class Shaw(Scheme):
         k, d = self.p["k"], self.head_dim
         if k < 0:
             raise PosbenchError(f"shaw: k must be >= 0 (got {k})")
-        # Rows of unit norm, the scale of the LayerNorm'd k and v they are added to.
+        # Rows of about unit norm, the size of k and v rows at initialization.
         self.rk = nn.ParameterList(
             nn.Parameter(torch.randn(2 * k + 1, d) / math.sqrt(d)) for _ in range(dims.n_layers)
         )
@@ -120,7 +121,8 @@ class TransformerXL(Scheme):
     R (distances, d) sinusoidal and unclipped (`tables.sinusoid`, interleaved sin/cos: a fixed
     permutation of the paper's [sin, cos] halves, which the learned W_R absorbs), W_R (d -> H*D)
     learned per layer, u and v (H, D) learned per head. W_R R is (rows, H, D); (q + v) @ it gives
-    (B, H, T, rows), gathered by distance. The 1/sqrt(D) on every term follows the reference
+    (B, H, T, rows), gathered by distance; rows = pos[-1] - pos[0] + 1, which randomized
+    positions stretch towards randomize_max. The 1/sqrt(D) on every term follows the reference
     code. No value term.
     """
 
