@@ -28,7 +28,8 @@ def xpos_logits(scheme, q, k, pos):
 
 def test_xpos_zeta_matches_the_reference_formula():
     # torchscale: (arange(0, D, 2) + 0.4 D) / (1.4 D)
-    assert torch.allclose(xpos_zeta(8), torch.tensor([0.4, 0.65, 0.9, 1.15], dtype=torch.float64) / 1.4)
+    expected = torch.tensor([0.4, 0.65, 0.9, 1.15], dtype=torch.float64) / 1.4
+    assert torch.allclose(xpos_zeta(8), expected)
 
 
 def test_xpos_logit_is_the_rope_logit_times_the_per_pair_decay():

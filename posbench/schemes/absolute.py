@@ -226,8 +226,9 @@ class ComplexOrder(Scheme):
         super().__init__(dims)
         if dims.d_model % 2:
             raise PosbenchError(f"{self.name} needs an even model width, got {dims.d_model}")
-        half = dims.d_model // 2
-        inv = self.p["base"] ** (-torch.arange(0, dims.d_model, 2, dtype=torch.float64) / dims.d_model)
+        d = dims.d_model
+        half = d // 2
+        inv = self.p["base"] ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
         self.amplitude = nn.Parameter(torch.randn(dims.vocab_size, half) * 2**0.5)
         self.frequency = nn.Parameter(inv.float().expand(dims.vocab_size, half).clone())
         self.phase = nn.Parameter(torch.rand(dims.vocab_size, half) * 2 * math.pi)

@@ -174,15 +174,16 @@ class Fire(Scheme):
     family = "bias"
     hooks = ("bias",)
     reference = "Li et al. 2024, arXiv:2310.04418"
-    notes = "MLP width 32, c and L learned (L init train_len/4 unless L > 0 given); shared by layers"
+    notes = "MLP width 32; c, L learned (L starts at train_len/4 unless L > 0); shared by layers"
     defaults = {"width": 32, "c": 0.1, "L": 0.0}
 
     def __init__(self, dims):
         super().__init__(dims)
         width = self.p["width"]
         self.L0 = self.p["L"] or dims.train_len / 4
-        self.c = nn.Parameter(torch.tensor(self.p["c"]))
-        self.L_scale = nn.Parameter(torch.tensor(1.0))
+        # shape (1,), not 0-dim: FlexAttention cannot capture a learnable 0-dim tensor
+        self.c = nn.Parameter(torch.tensor([self.p["c"]]))
+        self.L_scale = nn.Parameter(torch.tensor([1.0]))
         first, second = nn.Linear(1, width), nn.Linear(width, dims.n_heads)  # their default init
         self.w1 = nn.Parameter(first.weight.detach()[:, 0].clone())  # (width,)
         self.b1 = nn.Parameter(first.bias.detach().clone())  # (width,)
@@ -191,8 +192,8 @@ class Fire(Scheme):
 
     def normalized(self, qpos, kpos) -> torch.Tensor:
         """psi(|i - j|) / psi(max(L, i)), in [0, 1] for j <= i."""
-        c = self.c.abs()
-        threshold = self.L_scale.abs() * self.L0
+        c = self.c[0].abs()
+        threshold = self.L_scale[0].abs() * self.L0
         rel = torch.log(c * (qpos - kpos).abs() + 1)
         norm = torch.log(c * torch.maximum(qpos.float(), threshold) + 1) + 1e-6
         return rel / norm

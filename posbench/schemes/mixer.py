@@ -28,7 +28,7 @@ class CausalConv(Scheme):
     relative = True  # it never reads positions
     takes_positions = False
     reference = "Islam et al. 2020, arXiv:2001.08248"
-    notes = "x + causal depth-wise conv (zero left padding), once after the embeddings, not per block"
+    notes = "x + causal depth-wise conv, zero left padding; runs once after the embeddings"
     defaults = {"kernel": 3}
 
     def __init__(self, dims):

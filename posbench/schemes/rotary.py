@@ -163,7 +163,7 @@ class XPos(Scheme):
     hooks = ("qk",)
     reference = "Sun et al. 2022, arXiv:2212.10554"
     extrapolates = "yes"
-    notes = "half-split (NeoX) pairs; decay zeta^((m-n)/gamma), powers centred on the window midpoint"
+    notes = "half-split (NeoX) pairs; decay zeta^((m-n)/gamma), centred on the window midpoint"
     defaults = {"base": 10000.0, "gamma": 512.0}
 
     def __init__(self, dims):
