@@ -170,6 +170,93 @@ def extrapolate(
                   f"{results.table_path(out_dir, 'positions')}, {', '.join(map(str, plots))}")
 
 
+@app.command()
+def run(
+    task: str = typer.Argument(..., help="task name in tasks/ or a TOML path"),
+    shard: Optional[str] = typer.Option(None, help="I/N: run a deterministic 1/N slice of the grid"),
+    resume: bool = typer.Option(False, help="continue interrupted trainings from their checkpoints"),
+    out: Optional[Path] = typer.Option(None, help="output directory (default: runs/TASK)"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    speed: bool = typer.Option(True, "--speed/--no-speed", help="time the attention kernels too"),
+):
+    """Run a whole grid: train every scheme x seed, extrapolate, time kernels, write the report."""
+    from posbench import grid, report
+
+    t = config.load_task(task)
+    part = grid.parse_shard(shard)
+    out_dir = out or Path("runs") / t.name
+    done = grid.run_task(t, out_dir, part, resume, device, progress=sys.stderr.isatty(), speed=speed,
+                         log=lambda m: console.print(f"[dim]{m}[/]"))
+    console.print(
+        f"{t.name} shard {part[0]}/{part[1]}: trained {done['trained']}, skipped {done['skipped_train']} "
+        f"finished; evaluated {done['evaluated']}, skipped {done['skipped_eval']}; speed rows {done['speed']}"
+    )
+    path = report.write_report(out_dir)
+    from posbench import results
+
+    rows = results.read_rows(results.table_path(out_dir, "extrapolation"))
+    if rows:
+        console.print(report.ppl_table(rows, f"perplexity, {t.name}"))
+    console.print(f"report: {path}")
+
+
+@app.command()
+def compare(
+    baseline: Path = typer.Argument(..., help="baseline results directory (or extrapolation.csv)"),
+    current: Path = typer.Argument(..., help="current results directory (or extrapolation.csv)"),
+    rtol: float = typer.Option(0.05, help="relative perplexity tolerance"),
+    all_rows: bool = typer.Option(False, "--all", help="show unchanged rows too"),
+) -> int:
+    """Compare perplexities with a baseline; exit 1 on a regression or a missing row."""
+    from posbench.compare import compare as run_compare, diff_table
+
+    cmp = run_compare(baseline, current, rtol)
+    console.print(diff_table(cmp, only_changes=not all_rows))
+    for warning in cmp.warnings:
+        err.print(f"warning: {warning}", markup=False)
+    same = sum(e["verdict"] == "same" for e in cmp.rows)
+    console.print(f"{len(cmp.rows)} baseline rows: {same} within rtol {rtol}, {cmp.regressions} regressions")
+    return 1 if cmp.regressions else 0
+
+
+@app.command("report")
+def report_cmd(
+    directory: Path = typer.Argument(Path("runs"), help="results directory"),
+    merge: Optional[List[Path]] = typer.Option(None, help="other results directories (shards) to merge in first"),
+):
+    """Write report.md and PNG plots from a results directory (merging shards first)."""
+    from posbench import report, results
+
+    for other in merge or []:
+        if not other.is_dir():
+            raise PosbenchError(f"no results directory {str(other)!r}")
+        for table in results.TABLES:
+            rows = results.read_rows(results.table_path(other, table))
+            if rows:
+                results.merge_rows(directory, table, rows)
+    console.print(f"wrote {report.write_report(directory)}")
+
+
+@app.command()
+def tasks(validate: bool = typer.Option(False, "--validate", help="load every task strictly; exit 1 on any error")):
+    """List the tasks in tasks/ (and validate them)."""
+    table = Table(title="posbench tasks")
+    for col in ("name", "version", "schemes", "seeds", "train_len", "eval lengths", "data", "status"):
+        table.add_column(col, overflow="fold")
+    bad = 0
+    for name in config.known_tasks():
+        try:
+            t = config.load_task(name)
+        except PosbenchError as e:
+            bad += 1
+            table.add_row(name, "", "", "", "", "", "", f"[red]{e}[/]")
+            continue
+        table.add_row(name, str(t.version), ",".join(t.schemes), ",".join(map(str, t.seeds)),
+                      str(t.train.train_len), ",".join(map(str, t.eval.lengths)), t.data.spec, "ok")
+    console.print(table)
+    return 1 if validate and bad else 0
+
+
 def _split(text: str | None) -> tuple[str, ...] | None:
     if text is None:
         return None

@@ -65,6 +65,18 @@ def variants_for(spec: RunSpec, cfg: EvalConfig, scheme) -> list[Variant]:
     return [Variant(s, e) for s in dict.fromkeys(scalings) for e in dict.fromkeys(extensions)]
 
 
+def stride_for(cfg: EvalConfig, length: int) -> int:
+    return (cfg.stride or max(1, length // 2)) if cfg.mode == "sliding" else 0
+
+
+def row_keys(spec: RunSpec, cfg: EvalConfig, scheme) -> set[tuple[str, ...]]:
+    """The extrapolation.csv keys that evaluating this run under `cfg` writes."""
+    return {
+        (spec.run_id, str(n), cfg.mode, str(stride_for(cfg, n)), v.scaling_label, v.extension)
+        for v in variants_for(spec, cfg, scheme) for n in cfg.lengths
+    }
+
+
 def windows(stream: torch.Tensor, length: int, cfg: EvalConfig, lengths: tuple[int, ...]):
     """(starts, first_scored): input windows stream[s : s + L] predict stream[s + 1 : s + L + 1];
     positions >= first_scored inside each window are scored."""
@@ -76,7 +88,7 @@ def windows(stream: torch.Tensor, length: int, cfg: EvalConfig, lengths: tuple[i
         if n < 1:
             raise PosbenchError(f"the test split ({len(stream)} tokens) is shorter than one window of {length}")
         return torch.arange(n) * length, 0
-    stride = cfg.stride or max(1, length // 2)
+    stride = stride_for(cfg, length)
     if stride > length:
         raise PosbenchError(f"stride {stride} is longer than the window {length}")
     first_target = max(lengths)  # every length has full context before it
@@ -134,9 +146,8 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
             model.scheme.set_scaling(variant.scaling)
         model.scheme.set_extension(variant.extension)
         for length in cfg.lengths:
-            stride = (cfg.stride or max(1, length // 2)) if cfg.mode == "sliding" else 0
             row = {**base, "eval_len": length, "ratio": length / spec.train.train_len,
-                   "stride": stride, "scaling": variant.scaling_label, "extension": variant.extension,
+                   "stride": stride_for(cfg, length), "scaling": variant.scaling_label, "extension": variant.extension,
                    "backend": model.backend or choose_backend(model.scheme, dev)}
             try:
                 total, count = score(model, stream, length, cfg, cfg.lengths, dev, spec.train.dtype)

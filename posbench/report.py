@@ -8,6 +8,8 @@ from pathlib import Path
 import pandas as pd
 from rich.table import Table
 
+from posbench.errors import PosbenchError
+
 
 def label(row) -> str:
     """scheme, plus the eval-time variant when there is one: rope+yarn, learned+hierarchical."""
@@ -115,3 +117,97 @@ def plot_positions(rows, path: Path, eval_len: int | None = None) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _markdown(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def ppl_markdown(df: pd.DataFrame) -> str:
+    """Schemes x lengths, mean +- std over seeds, best per column in bold."""
+    df = extrapolation_frame(df)
+    lengths = sorted(df["eval_len"].unique())
+    stats = df.groupby(["label", "eval_len"])["ppl"].agg(["mean", "std", "count"])
+    status = df.groupby(["label", "eval_len"])["status"].first()
+    best = stats["mean"].groupby(level="eval_len").min()
+    rows = []
+    for name in sorted(df["label"].unique(), key=lambda s: (s.split("+")[0], s)):
+        cells = [name]
+        for n in lengths:
+            if (name, n) not in stats.index:
+                cells.append("")
+                continue
+            m, sd, c = stats.loc[(name, n)]
+            if math.isnan(m):
+                cells.append(str(status.loc[(name, n)]))
+                continue
+            text = f"{m:.2f}" + (f" ± {sd:.2f}" if c > 1 and not math.isnan(sd) else "")
+            cells.append(f"**{text}**" if m == best.loc[n] else text)
+        rows.append(cells)
+    return _markdown(["scheme"] + [str(n) for n in lengths], rows)
+
+
+def speed_markdown(df: pd.DataFrame) -> str:
+    df = df[df["status"] == "ok"].copy()
+    df["median_ms"] = pd.to_numeric(df["median_ms"])
+    df["ratio_vs_none"] = pd.to_numeric(df["ratio_vs_none"])
+    df["seq_len"] = df["seq_len"].astype(int)
+    parts = []
+    for (pass_, device, dtype), g in df.groupby(["pass", "device", "dtype"]):
+        lengths = sorted(g["seq_len"].unique())
+        rows = []
+        for scheme, s in g.groupby("scheme"):
+            by = s.set_index("seq_len")
+            rows.append([f"{scheme} ({s['backend'].iloc[0]})"] + [
+                f"{by.loc[n, 'median_ms']:.2f} ms ({by.loc[n, 'ratio_vs_none']:.2f}x)" if n in by.index else ""
+                for n in lengths])
+        parts.append(f"**{pass_}**, {device}, {dtype} (median; ratio to `none`, lower is better)\n\n"
+                     + _markdown(["scheme"] + [str(n) for n in lengths], rows))
+    return "\n\n".join(parts)
+
+
+def write_report(directory: Path | str) -> Path:
+    """report.md and PNG plots from the CSVs in `directory`."""
+    from posbench import results
+
+    directory = Path(directory)
+    read = lambda t: pd.DataFrame(results.read_rows(results.table_path(directory, t)))  # noqa: E731
+    runs, ext, pos, speed = read("runs"), read("extrapolation"), read("positions"), read("speed")
+    if ext.empty and runs.empty and speed.empty:
+        raise PosbenchError(f"no results in {directory} (expected runs.csv, extrapolation.csv or speed.csv)")
+    md = ["# posbench report", ""]
+    if not runs.empty:
+        ok = runs[runs["status"] == "ok"]
+        md += ["## Runs", "", _markdown(
+            ["scheme", "seed", "train_len", "steps", "params", "val loss", "unigram", "tokens/s", "backend"],
+            [[r.scheme, r.seed, r.train_len, r.steps, r.n_params, _num(r.final_val_loss),
+              _num(r.unigram_val_loss), _num(r.tokens_per_second, 0), r.backend] for r in ok.itertuples()]), ""]
+        failed = runs[runs["status"] != "ok"]
+        for r in failed.itertuples():
+            md.append(f"- {r.run_id}: {r.status} {r.message}")
+    if not ext.empty:
+        md += ["## Extrapolation", "", "Perplexity on the test split (lower is better; best per "
+               "column in bold; mean ± std over seeds).", ""]
+        for (mode, stride), g in ext.groupby(["mode", "stride"]):
+            title = f"{mode}" + (f", stride {stride}" if mode == "sliding" else "")
+            md += [f"### {title}", "", ppl_markdown(g), ""]
+        nonoverlap = ext[ext["mode"] == ext["mode"].iloc[0]]
+        plot_extrapolation(nonoverlap, directory / "extrapolation.png")
+        md += ["![extrapolation](extrapolation.png)", ""]
+    if not pos.empty:
+        plot_positions(pos, directory / "positions.png")
+        md += ["## Loss by position", "", "![positions](positions.png)", ""]
+    if not speed.empty:
+        md += ["## Attention cost", "", speed_markdown(speed), ""]
+    path = directory / "report.md"
+    results.write_atomic(path, "\n".join(md) + "\n")
+    return path
+
+
+def _num(value, digits: int = 4) -> str:
+    try:
+        return f"{float(value):,.{digits}f}"
+    except (TypeError, ValueError):
+        return str(value)

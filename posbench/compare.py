@@ -1,0 +1,112 @@
+"""`posbench compare BASELINE CURRENT`: the CI gate. Rows are matched by the extrapolation key;
+a perplexity worse than the baseline beyond the tolerance, or a row that went missing or stopped
+being ok, is a regression (exit 1). Improvements beyond the tolerance and a different corpus or
+task version are warnings."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.table import Table
+
+from posbench import results
+from posbench.errors import PosbenchError
+
+
+@dataclass
+class Comparison:
+    rows: list[dict] = field(default_factory=list)  # one per baseline row: key, base, cur, verdict
+    regressions: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+def _table_file(path: Path) -> Path:
+    path = Path(path)
+    if path.is_dir():
+        path = results.table_path(path, "extrapolation")
+    if not path.exists():
+        raise PosbenchError(f"no extrapolation results at {path}")
+    return path
+
+
+def _provenance(path: Path) -> dict:
+    prov = (path if path.is_dir() else path.parent) / "provenance.json"
+    try:
+        return json.loads(prov.read_text()) if prov.exists() else {}
+    except ValueError:
+        return {}
+
+
+def compare(baseline: Path | str, current: Path | str, rtol: float = 0.05) -> Comparison:
+    if rtol < 0:
+        raise PosbenchError(f"rtol must be >= 0, got {rtol}")
+    baseline, current = Path(baseline), Path(current)
+    key = results.TABLES["extrapolation"]["key"]
+    base = {tuple(r[k] for k in key): r for r in results.read_rows(_table_file(baseline))}
+    cur = {tuple(r[k] for k in key): r for r in results.read_rows(_table_file(current))}
+    out = Comparison()
+    corpora = ({r["corpus"] for r in base.values()}, {r["corpus"] for r in cur.values()})
+    if corpora[0] != corpora[1]:
+        out.warnings.append(f"corpus fingerprint differs: baseline {sorted(corpora[0])}, current {sorted(corpora[1])}")
+    versions = (_provenance(baseline).get("task_version"), _provenance(current).get("task_version"))
+    if None not in versions and versions[0] != versions[1]:
+        out.warnings.append(f"task version differs: baseline {versions[0]}, current {versions[1]}")
+    for k, b in sorted(base.items()):
+        c = cur.get(k)
+        entry = {"scheme": b["scheme"], "eval_len": b["eval_len"], "mode": b["mode"],
+                 "variant": "+".join(v for v in (b["scaling"], b["extension"]) if v != "none") or "-",
+                 "seed": b["seed"], "baseline": b.get("ppl", ""), "current": c.get("ppl", "") if c else ""}
+        if c is None:
+            entry["verdict"] = "missing"
+        elif b["status"] != c["status"]:
+            entry["verdict"] = f"status {b['status']} -> {c['status']}"
+        elif b["status"] != "ok":
+            entry["verdict"] = "same"
+        else:
+            bp, cp = float(b["ppl"]), float(c["ppl"])
+            change = (cp - bp) / bp
+            entry["change"] = change
+            if not math.isfinite(cp) or change > rtol:
+                entry["verdict"] = "worse"
+            elif change < -rtol:
+                entry["verdict"] = "better"
+            else:
+                entry["verdict"] = "same"
+        if entry["verdict"] not in ("same", "better"):
+            if not (entry["verdict"].startswith("status") and c and c["status"] == "ok"):
+                out.regressions += 1
+        out.rows.append(entry)
+    better = sum(e["verdict"] == "better" for e in out.rows)
+    if better:
+        out.warnings.append(f"{better} rows improved beyond rtol {rtol}: baseline stale? refresh it")
+    extra = len(set(cur) - set(base))
+    if extra:
+        out.warnings.append(f"{extra} current rows have no baseline row")
+    return out
+
+
+def diff_table(cmp: Comparison, only_changes: bool = False) -> Table:
+    table = Table(title="baseline vs current perplexity (lower is better)")
+    for col in ("scheme", "variant", "seed", "eval_len", "mode", "baseline", "current", "change", "verdict"):
+        table.add_column(col, justify="right" if col in ("baseline", "current", "change", "eval_len") else "left")
+    style = {"worse": "bold red", "missing": "bold red", "better": "yellow"}
+    for e in cmp.rows:
+        if only_changes and e["verdict"] == "same":
+            continue
+        change = f"{e['change']:+.2%}" if "change" in e else ""
+        verdict = e["verdict"]
+        s = style.get(verdict, "bold red" if verdict.startswith("status") else "")
+        table.add_row(e["scheme"], e["variant"], e["seed"], e["eval_len"], e["mode"],
+                      _short(e["baseline"]), _short(e["current"]), change,
+                      f"[{s}]{verdict}[/]" if s else verdict)
+    return table
+
+
+def _short(value: str) -> str:
+    try:
+        return f"{float(value):.3f}"
+    except ValueError:
+        return value

@@ -1,0 +1,127 @@
+"""`posbench run TASK`: the whole grid in one command: train every scheme x seed, extrapolate,
+time the kernels, write the report. Finished work (same resolved config, same run_id) is skipped,
+and `--shard I/N` runs a deterministic slice so N machines can split a grid."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from posbench import results
+from posbench.config import Task
+from posbench.data import load_tokens
+from posbench.errors import PosbenchError
+from posbench.train import FINAL, RunSpec, load_trained, train
+
+
+def parse_shard(text: str | None) -> tuple[int, int]:
+    if text is None:
+        return 1, 1
+    try:
+        i, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise PosbenchError(f"bad shard {text!r}: expected I/N, e.g. 1/4") from None
+    if not 1 <= i <= n:
+        raise PosbenchError(f"bad shard {text!r}: need 1 <= I <= N")
+    return i, n
+
+
+def grid(task: Task) -> list[RunSpec]:
+    """Every scheme x seed of the task, sorted by run_id (the order shards slice)."""
+    specs = [
+        RunSpec(scheme=s, params=task.params.get(s, {}), seed=seed, data=task.data,
+                model=task.model, train=task.train, task=task.name)
+        for s in task.schemes for seed in task.seeds
+    ]
+    return sorted(specs, key=lambda r: r.run_id)
+
+
+def shard_of(specs: list[RunSpec], shard: tuple[int, int]) -> list[RunSpec]:
+    i, n = shard
+    return [s for k, s in enumerate(specs) if k % n == i - 1]
+
+
+def finished(out: Path, spec: RunSpec) -> bool:
+    rows = results.read_rows(results.table_path(out, "runs"))
+    ok = any(r["run_id"] == spec.run_id and r["status"] == "ok" for r in rows)
+    return ok and (out / spec.run_id / FINAL).exists()
+
+
+def evaluated(out: Path, expected: set[tuple[str, ...]]) -> bool:
+    key = results.TABLES["extrapolation"]["key"]
+    rows = results.read_rows(results.table_path(out, "extrapolation"))
+    return expected <= {tuple(r[k] for k in key) for r in rows}
+
+
+def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resume: bool = False,
+             device: str = "auto", progress: bool = False, speed: bool = True, log=print) -> dict:
+    """Run (this shard of) the grid into `out`. Returns counts of what was done and skipped."""
+    from rich.progress import Progress
+
+    from posbench import evaluate
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    specs = shard_of(grid(task), shard)
+    done = {"trained": 0, "skipped_train": 0, "evaluated": 0, "skipped_eval": 0, "speed": 0}
+    cache: dict = {}
+    with Progress(disable=not progress) as bar:
+        overall = bar.add_task(f"{task.name} {shard[0]}/{shard[1]}", total=2 * len(specs))
+        for spec in specs:
+            if finished(out, spec):
+                done["skipped_train"] += 1
+            else:
+                log(f"train {spec.run_id}")
+                if spec.data not in cache:
+                    cache[spec.data] = load_tokens(spec.data)
+                train(spec, out, device=device, resume=resume, progress=False, data=cache[spec.data])
+                done["trained"] += 1
+            bar.advance(overall)
+        for spec in specs:
+            run_dir = out / spec.run_id
+            _, model, _ = load_trained(run_dir)
+            if evaluated(out, evaluate.row_keys(spec, task.eval, model.scheme)):
+                done["skipped_eval"] += 1
+            else:
+                log(f"extrapolate {spec.run_id}")
+                rows, positions = evaluate.evaluate_run(run_dir, task.eval, device, cache, task.name)
+                results.merge_rows(out, "extrapolation", rows)
+                results.merge_rows(out, "positions", positions)
+                done["evaluated"] += 1
+            bar.advance(overall)
+    if speed and shard[0] == 1:
+        done["speed"] = run_speed_once(task, out, device, log)
+    write_provenance(task, out, shard)
+    return done
+
+
+def run_speed_once(task: Task, out: Path, device: str, log) -> int:
+    """Kernel timing for the task's schemes, once per output directory (shard 1 only: timings from
+    different machines are not comparable)."""
+    try:
+        from posbench.speed import run_speed
+    except ImportError:
+        return 0
+    if results.read_rows(results.table_path(out, "speed")):
+        return 0
+    s = task.speed
+    log("speed")
+    rows = run_speed(schemes=list(task.schemes), lengths=list(s.lengths), batch_size=s.batch_size,
+                     heads=s.heads, head_dim=s.head_dim, dtype=s.dtype, device=device,
+                     backward=s.backward, repeats=s.repeats, out_dir=out)
+    return len(rows)
+
+
+def write_provenance(task: Task, out: Path, shard: tuple[int, int]) -> None:
+    import sys
+
+    prov = {
+        "task": task.name, "task_version": task.version,
+        "command": " ".join(["posbench", *sys.argv[1:]]) if sys.argv else "",
+        "shard": f"{shard[0]}/{shard[1]}",
+        "task_config": json.loads(json.dumps(dataclasses.asdict(task), default=str)),
+        **results.provenance("", ""),
+    }
+    prov.pop("device"), prov.pop("dtype"), prov.pop("corpus")
+    results.write_atomic(out / "provenance.json", json.dumps(prov, indent=1) + "\n")

@@ -1,0 +1,148 @@
+"""`posbench run` / `compare` / `report` / `tasks` on a tiny grid."""
+
+import shutil
+
+import pytest
+
+from posbench import config, results
+from posbench.cli import main
+from posbench.errors import PosbenchError
+from posbench.grid import grid, parse_shard, run_task, shard_of
+
+TASK = """
+version = 1
+name = "tiny"
+schemes = ["none", "rope", "learned"]
+seeds = [0, 1]
+[data]
+spec = "files:{corpus}"
+tokenizer = "bytes"
+[model]
+d_model = 32
+n_layers = 1
+n_heads = 2
+[train]
+train_len = 16
+steps = 4
+batch_size = 4
+warmup = 1
+eval_interval = 4
+eval_windows = 4
+[eval]
+lengths = [16, 32]
+tokens = 64
+learned_extension = ["none", "hierarchical"]
+[speed]
+lengths = [32]
+heads = 2
+head_dim = 8
+repeats = 2
+"""
+
+
+@pytest.fixture
+def task_file(corpus_dir, tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text(TASK.format(corpus=corpus_dir))
+    return path
+
+
+def key_rows(directory, table="extrapolation"):
+    key = results.TABLES[table]["key"]
+    return {tuple(r[k] for k in key): r.get("loss") for r in results.read_rows(results.table_path(directory, table))}
+
+
+def test_second_run_skips_everything_and_deleted_run_is_redone(task_file, tmp_path):
+    task = config.load_task(str(task_file))
+    out = tmp_path / "out"
+    first = run_task(task, out, device="cpu", speed=False)
+    assert first["trained"] == 6 and first["evaluated"] == 6
+    before = key_rows(out)
+    assert len(before) == 2 * 2 * 2 + 2 * 2 * 2  # (none, rope) x seeds x lengths + learned x 2 extensions
+    again = run_task(task, out, device="cpu", speed=False)
+    assert again == {"trained": 0, "skipped_train": 6, "evaluated": 0, "skipped_eval": 6, "speed": 0}
+    victim = sorted(p for p in out.iterdir() if p.name.startswith("rope-"))[0]
+    shutil.rmtree(victim)
+    third = run_task(task, out, device="cpu", speed=False)
+    assert third["trained"] == 1 and third["skipped_train"] == 5
+    assert key_rows(out) == before  # same rows, none lost or duplicated
+    assert len(results.read_rows(out / "runs.csv")) == 6
+
+
+def test_shards_partition_the_grid_and_merge_to_the_full_rows(task_file, tmp_path):
+    task = config.load_task(str(task_file))
+    specs = grid(task)
+    a, b = shard_of(specs, (1, 2)), shard_of(specs, (2, 2))
+    ids_a, ids_b = {s.run_id for s in a}, {s.run_id for s in b}
+    assert ids_a | ids_b == {s.run_id for s in specs} and not ids_a & ids_b and len(ids_a) == 3
+    run_task(task, tmp_path / "full", device="cpu", speed=False)
+    run_task(task, tmp_path / "s1", (1, 2), device="cpu", speed=False)
+    run_task(task, tmp_path / "s2", (2, 2), device="cpu", speed=False)
+    assert main(["report", str(tmp_path / "s1"), "--merge", str(tmp_path / "s2")]) == 0
+    assert key_rows(tmp_path / "s1") == key_rows(tmp_path / "full")
+    assert key_rows(tmp_path / "s1", "positions") == key_rows(tmp_path / "full", "positions")
+    report = (tmp_path / "s1" / "report.md").read_text()
+    assert "## Extrapolation" in report and "learned+hierarchical" in report and "±" in report
+
+
+@pytest.mark.parametrize("text, message", [("0/2", "1 <= I <= N"), ("3/2", "1 <= I <= N"), ("x", "expected I/N")])
+def test_bad_shard(text, message):
+    with pytest.raises(PosbenchError, match=message):
+        parse_shard(text)
+
+
+def test_compare_gate(task_file, tmp_path, capsys):
+    task = config.load_task(str(task_file))
+    base = tmp_path / "base"
+    run_task(task, base, device="cpu", speed=False)
+    assert main(["compare", str(base), str(base)]) == 0
+    worse = tmp_path / "worse"
+    worse.mkdir()
+    rows = results.read_rows(base / "extrapolation.csv")
+    target = next(r for r in rows if r["status"] == "ok")
+    target["ppl"] = str(float(target["ppl"]) * 1.5)
+    results.merge_rows(worse, "extrapolation", rows)
+    capsys.readouterr()
+    assert main(["compare", str(base), str(worse)]) == 1
+    assert "worse" in capsys.readouterr().out
+    assert main(["compare", str(base), str(worse), "--rtol", "0.6"]) == 0
+    # An improvement passes with a warning; a missing row fails.
+    assert main(["compare", str(worse), str(base)]) == 0
+    assert "baseline stale?" in capsys.readouterr().err
+    missing = tmp_path / "missing"
+    results.merge_rows(missing, "extrapolation", rows[1:])
+    assert main(["compare", str(base), str(missing)]) == 1
+    assert main(["compare", str(base), str(tmp_path / "nowhere")]) == 2
+
+
+def test_run_cli_end_to_end(task_file, tmp_path, capsys):
+    out = tmp_path / "cli"
+    assert main(["run", str(task_file), "--out", str(out), "--device", "cpu", "--no-speed"]) == 0
+    text = capsys.readouterr().out
+    assert "trained 6" in text and (out / "report.md").exists() and (out / "extrapolation.png").exists()
+    assert main(["run", str(task_file), "--out", str(out), "--device", "cpu", "--no-speed"]) == 0
+    assert "trained 0, skipped 6" in capsys.readouterr().out
+
+
+def test_task_files_are_strict(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('version = 1\n[train]\ntrian_len = 5\n')
+    with pytest.raises(PosbenchError, match="did you mean 'train_len'"):
+        config.load_task(str(bad))
+    bad.write_text('version = 1\nschemes = ["rpoe"]\n')
+    with pytest.raises(PosbenchError, match="did you mean 'rope'"):
+        config.load_task(str(bad))
+    bad.write_text('version = 1\n[train]\nsteps = "many"\n')
+    with pytest.raises(PosbenchError, match="must be int"):
+        config.load_task(str(bad))
+    bad.write_text('version = 1\nversion = 2\n')
+    with pytest.raises(PosbenchError, match="invalid TOML"):
+        config.load_task(str(bad))
+
+
+def test_shipped_tasks_validate(capsys):
+    assert main(["tasks", "--validate"]) == 0
+    out = capsys.readouterr().out
+    for name in ("quick", "ci", "standard", "wikitext103"):
+        assert name in out
+    assert config.load_task("quick") == config.Task()  # the dataclass defaults are the quick task
