@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -109,6 +110,8 @@ def train(
                             data=t.data, model=t.model, train=t.train, task=t.name)
     result = training.train(spec, runs_dir, device=device, resume=resume, progress=sys.stderr.isatty())
     row = result.row
+    if os.environ.get("RANK", "0") != "0":
+        return  # under torchrun, rank 0 reports
     if result.skipped:
         console.print(f"{spec.run_id}: already trained (runs.csv), nothing to do")
         return

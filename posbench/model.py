@@ -90,8 +90,10 @@ class Transformer(nn.Module):
                     std /= math.sqrt(2 * self.cfg.n_layers)  # residual branches (GPT-2)
                 nn.init.normal_(p, std=std)
 
-    def forward(self, idx: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
-        """idx (B, T) token ids, pos (T,) positions (default 0..T-1) -> logits (B, T, V)."""
+    def forward(self, idx: torch.Tensor, pos: torch.Tensor | None = None,
+                targets: torch.Tensor | None = None) -> torch.Tensor:
+        """idx (B, T) token ids, pos (T,) positions (default 0..T-1) -> logits (B, T, V), or with
+        `targets` (B, T) the cross-entropy of every prediction (B, T) in float32."""
         t = idx.shape[1]
         if pos is None:
             pos = torch.arange(t, device=idx.device)
@@ -106,9 +108,11 @@ class Transformer(nn.Module):
         ctx = attention.prepare(scheme, pos, backend)
         for block in self.blocks:
             x = block(x, scheme, ctx)
-        return self.head(self.ln_f(x))
+        logits = self.head(self.ln_f(x))  # (B, T, V)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
 
     def token_losses(self, idx, targets, pos=None) -> torch.Tensor:
         """Cross-entropy of every next-token prediction, (B, T), in float32."""
-        logits = self(idx, pos)  # (B, T, V)
-        return F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
+        return self(idx, pos, targets)

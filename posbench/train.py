@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,62 @@ class RunSpec:
             model=ModelConfig(**raw["model"]),
             train=TrainConfig(**raw["train"]),
         )
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """Data parallelism under torchrun (WORLD_SIZE > 1): every rank draws the same global batch
+    from the same generator and trains on its slice, so N processes follow the trajectory of one
+    process with the same global batch. Rank 0 alone writes files."""
+
+    rank: int = 0
+    world: int = 1
+
+    @classmethod
+    def from_env(cls, dev: torch.device) -> tuple[Distributed, torch.device]:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world == 1:
+            return cls(), dev
+        import torch.distributed as dist
+
+        if dev.type == "cuda":
+            dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(dev)
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+        return cls(dist.get_rank(), world), dev
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.world == 1:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model)
+
+    def local(self, batch: torch.Tensor) -> torch.Tensor:
+        if batch.shape[0] % self.world:
+            raise PosbenchError(f"batch size {batch.shape[0]} is not divisible by {self.world} processes")
+        per = batch.shape[0] // self.world
+        return batch[self.rank * per: (self.rank + 1) * per]
+
+    def mean(self, value: torch.Tensor) -> torch.Tensor:
+        if self.world == 1:
+            return value
+        import torch.distributed as dist
+
+        value = value.detach().clone()
+        dist.all_reduce(value)
+        return value / self.world
+
+    def close(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
 
 
 def resolve_device(device: str) -> torch.device:
@@ -260,7 +317,14 @@ def train(
     """
     runs_dir = Path(runs_dir)
     run_dir = runs_dir / spec.run_id
-    dev = resolve_device(device)
+    ddp, dev = Distributed.from_env(resolve_device(device))
+    try:
+        return _train(spec, runs_dir, run_dir, dev, ddp, resume, progress and ddp.main, data, stop_after)
+    finally:
+        ddp.close()
+
+
+def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, data, stop_after):
     t = spec.train
     if resume and (run_dir / FINAL).exists():
         done = [r for r in results.read_rows(results.table_path(runs_dir, "runs")) if r["run_id"] == spec.run_id]
@@ -268,18 +332,20 @@ def train(
             return TrainResult(spec.run_id, run_dir, done[0], skipped=True)
     data = data or load_tokens(spec.data)
     model = build_model(spec, data.vocab_size).to(dev)
+    net = ddp.wrap(model)
     opt = make_optimizer(model, t)
     gen = torch.Generator().manual_seed(spec.seed)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config = {**spec.to_json(), "vocab_size": data.vocab_size, "corpus": data.fingerprint}
-    results.write_atomic(run_dir / "config.json", json.dumps(config, indent=1, default=str))
+    if ddp.main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config = {**spec.to_json(), "vocab_size": data.vocab_size, "corpus": data.fingerprint}
+        results.write_atomic(run_dir / "config.json", json.dumps(config, indent=1, default=str))
 
     step, seconds, log = 0, 0.0, []
     if resume and (run_dir / CHECKPOINT).exists():
         state = load_checkpoint(run_dir, model, opt, gen)
         step, seconds = state["step"], state["seconds"]
         log = _read_log(run_dir, step)
-    else:
+    elif ddp.main:
         (run_dir / FINAL).unlink(missing_ok=True)
         (run_dir / CHECKPOINT).unlink(missing_ok=True)
 
@@ -296,13 +362,15 @@ def train(
     }
 
     def checkpoint():
-        save_checkpoint(run_dir, model, opt, gen, {"step": step, "seconds": seconds})
-        _write_log(run_dir, log)
+        if ddp.main:
+            save_checkpoint(run_dir, model, opt, gen, {"step": step, "seconds": seconds})
+            _write_log(run_dir, log)
 
     def fail(message: str):
         checkpoint()
-        results.merge_rows(runs_dir, "runs", [{**row_base, "status": "failed", "message": message,
-                                               "tokens": step * t.batch_size * t.train_len}])
+        if ddp.main:
+            results.merge_rows(runs_dir, "runs", [{**row_base, "status": "failed", "message": message,
+                                                   "tokens": step * t.batch_size * t.train_len}])
         raise PosbenchError(f"{spec.run_id}: {message}; recorded as failed in {runs_dir / 'runs.csv'}")
 
     model.train()
@@ -317,11 +385,11 @@ def train(
                     group["lr"] = lr_at(step, t)
                 x, y = sample_batch(stream, t, gen)
                 pos = training_positions(t, gen)
-                x, y = x.to(dev), y.to(dev)
+                x, y = ddp.local(x).to(dev), ddp.local(y).to(dev)
                 pos = pos.to(dev) if pos is not None else None
                 with autocast(dev, t.dtype):
-                    loss = model.token_losses(x, y, pos).mean()
-                value = loss.item()
+                    loss = net(x, pos, targets=y).mean()
+                value = ddp.mean(loss).item()
                 if not math.isfinite(value):
                     fail(f"loss became {value} at step {step}")
                 opt.zero_grad(set_to_none=True)
@@ -332,7 +400,7 @@ def train(
                 seconds += time.perf_counter() - began
                 entry = {"step": step, "lr": lr_at(step - 1, t), "loss": value,
                          "val_loss": None, "tokens": step * t.batch_size * t.train_len, "seconds": seconds}
-                if step % t.eval_interval == 0 or step == t.steps:
+                if (step % t.eval_interval == 0 or step == t.steps) and ddp.main:
                     entry["val_loss"] = validation_loss(model, data.valid, t, dev)
                 log.append(entry)
                 bar.update(task_id, completed=step, loss=entry["loss"],
@@ -347,6 +415,8 @@ def train(
     checkpoint()
     if step < t.steps:
         return TrainResult(spec.run_id, run_dir, {**row_base, "status": "partial"})
+    if not ddp.main:
+        return TrainResult(spec.run_id, run_dir, {**row_base, "status": "ok"})
 
     from safetensors.torch import save_file
 

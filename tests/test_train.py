@@ -68,12 +68,12 @@ def test_resume_continues_to_the_same_result(tiny_data, tmp_path):
 def test_nan_stops_and_is_recorded(tiny_data, tmp_path, monkeypatch):
     from posbench.model import Transformer
 
-    real = Transformer.token_losses
+    real = Transformer.forward
 
-    def poisoned(self, idx, targets, pos=None):
-        return real(self, idx, targets, pos) * float("nan")
+    def poisoned(self, idx, pos=None, targets=None):
+        return real(self, idx, pos, targets) * float("nan")
 
-    monkeypatch.setattr(Transformer, "token_losses", poisoned)
+    monkeypatch.setattr(Transformer, "forward", poisoned)
     with pytest.raises(PosbenchError, match="loss became nan at step 0"):
         train(spec_for(tiny_data), tmp_path, device="cpu", progress=False)
     rows = results.read_rows(tmp_path / "runs.csv")
@@ -100,3 +100,30 @@ def test_warmup_then_cosine():
     t = TINY_TRAIN
     assert lr_at(0, t) < lr_at(1, t) <= t.lr
     assert lr_at(t.steps, t) == pytest.approx(0.1 * t.lr)
+
+
+def test_ddp_two_processes_match_one(corpus_dir, tmp_path):
+    """torchrun with 2 CPU processes (gloo) follows the single-process run of the same global batch."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    flags = ["train", "--scheme", "alibi", "--data", f"files:{corpus_dir}", "--tokenizer", "bytes",
+             "--train-len", "16", "--steps", "5", "--batch-size", "8", "--d-model", "32", "--layers", "1",
+             "--heads", "2", "--device", "cpu"]
+    single = subprocess.run([sys.executable, "-m", "posbench", *flags, "--runs-dir", str(tmp_path / "one")],
+                            capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr
+    ddp = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+         "--master_port", str(port), "-m", "posbench", *flags, "--runs-dir", str(tmp_path / "two")],
+        capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert ddp.returncode == 0, ddp.stderr[-2000:]
+    (one,) = results.read_rows(tmp_path / "one" / "runs.csv")
+    (two,) = results.read_rows(tmp_path / "two" / "runs.csv")  # rank 0 alone wrote
+    assert one["run_id"] == two["run_id"]
+    assert float(two["final_train_loss"]) == pytest.approx(float(one["final_train_loss"]), rel=1e-4)
+    assert float(two["final_val_loss"]) == pytest.approx(float(one["final_val_loss"]), rel=1e-4)
