@@ -40,11 +40,20 @@ repeats = 2
 """
 
 
-@pytest.fixture
-def task_file(corpus_dir, tmp_path):
-    path = tmp_path / "tiny.toml"
+@pytest.fixture(scope="module")
+def task_file(corpus_dir, tmp_path_factory):
+    path = tmp_path_factory.mktemp("task") / "tiny.toml"
     path.write_text(TASK.format(corpus=corpus_dir))
     return path
+
+
+@pytest.fixture(scope="module")
+def full_run(task_file, tmp_path_factory):
+    """One complete run of the tiny grid, shared by the tests that only read it."""
+    out = tmp_path_factory.mktemp("full") / "out"
+    done = run_task(config.load_task(str(task_file)), out, device="cpu", speed=False)
+    assert done["trained"] == 6 and done["evaluated"] == 6
+    return out
 
 
 def key_rows(directory, table="extrapolation"):
@@ -52,11 +61,10 @@ def key_rows(directory, table="extrapolation"):
     return {tuple(r[k] for k in key): r.get("loss") for r in results.read_rows(results.table_path(directory, table))}
 
 
-def test_second_run_skips_everything_and_deleted_run_is_redone(task_file, tmp_path):
+def test_second_run_skips_everything_and_deleted_run_is_redone(task_file, full_run, tmp_path):
     task = config.load_task(str(task_file))
     out = tmp_path / "out"
-    first = run_task(task, out, device="cpu", speed=False)
-    assert first["trained"] == 6 and first["evaluated"] == 6
+    shutil.copytree(full_run, out)
     before = key_rows(out)
     assert len(before) == 2 * 2 * 2 + 2 * 2 * 2  # (none, rope) x seeds x lengths + learned x 2 extensions
     again = run_task(task, out, device="cpu", speed=False)
@@ -69,18 +77,17 @@ def test_second_run_skips_everything_and_deleted_run_is_redone(task_file, tmp_pa
     assert len(results.read_rows(out / "runs.csv")) == 6
 
 
-def test_shards_partition_the_grid_and_merge_to_the_full_rows(task_file, tmp_path):
+def test_shards_partition_the_grid_and_merge_to_the_full_rows(task_file, full_run, tmp_path):
     task = config.load_task(str(task_file))
     specs = grid(task)
     a, b = shard_of(specs, (1, 2)), shard_of(specs, (2, 2))
     ids_a, ids_b = {s.run_id for s in a}, {s.run_id for s in b}
     assert ids_a | ids_b == {s.run_id for s in specs} and not ids_a & ids_b and len(ids_a) == 3
-    run_task(task, tmp_path / "full", device="cpu", speed=False)
     run_task(task, tmp_path / "s1", (1, 2), device="cpu", speed=False)
     run_task(task, tmp_path / "s2", (2, 2), device="cpu", speed=False)
     assert main(["report", str(tmp_path / "s1"), "--merge", str(tmp_path / "s2")]) == 0
-    assert key_rows(tmp_path / "s1") == key_rows(tmp_path / "full")
-    assert key_rows(tmp_path / "s1", "positions") == key_rows(tmp_path / "full", "positions")
+    assert key_rows(tmp_path / "s1") == key_rows(full_run)
+    assert key_rows(tmp_path / "s1", "positions") == key_rows(full_run, "positions")
     report = (tmp_path / "s1" / "report.md").read_text()
     assert "## Extrapolation" in report and "learned+hierarchical" in report and "±" in report
 
@@ -91,10 +98,8 @@ def test_bad_shard(text, message):
         parse_shard(text)
 
 
-def test_compare_gate(task_file, tmp_path, capsys):
-    task = config.load_task(str(task_file))
-    base = tmp_path / "base"
-    run_task(task, base, device="cpu", speed=False)
+def test_compare_gate(full_run, tmp_path, capsys):
+    base = full_run
     assert main(["compare", str(base), str(base)]) == 0
     worse = tmp_path / "worse"
     worse.mkdir()
@@ -115,11 +120,12 @@ def test_compare_gate(task_file, tmp_path, capsys):
     assert main(["compare", str(base), str(tmp_path / "nowhere")]) == 2
 
 
-def test_run_cli_end_to_end(task_file, tmp_path, capsys):
+def test_run_cli_end_to_end(task_file, full_run, tmp_path, capsys):
     out = tmp_path / "cli"
-    assert main(["run", str(task_file), "--out", str(out), "--device", "cpu", "--no-speed"]) == 0
+    assert main(["run", str(task_file), "--out", str(out), "--device", "cpu", "--no-speed", "--shard", "2/3"]) == 0
     text = capsys.readouterr().out
-    assert "trained 6" in text and (out / "report.md").exists() and (out / "extrapolation.png").exists()
+    assert "trained 2" in text and (out / "report.md").exists() and (out / "extrapolation.png").exists()
+    shutil.copytree(full_run, out, dirs_exist_ok=True)
     assert main(["run", str(task_file), "--out", str(out), "--device", "cpu", "--no-speed"]) == 0
     assert "trained 0, skipped 6" in capsys.readouterr().out
 
@@ -146,3 +152,17 @@ def test_shipped_tasks_validate(capsys):
     for name in ("quick", "ci", "standard", "wikitext103"):
         assert name in out
     assert config.load_task("quick") == config.Task()  # the dataclass defaults are the quick task
+
+
+def test_refresh_baseline_script(full_run, tmp_path):
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "scripts" / "refresh_baseline.sh"
+    src, dest = full_run, tmp_path / "baseline"
+    missing = subprocess.run(["bash", str(script), str(tmp_path / "none"), str(dest)], capture_output=True, text=True)
+    assert missing.returncode == 2 and "run 'posbench run ci" in missing.stderr
+    done = subprocess.run(["bash", str(script), str(src), str(dest)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in dest.iterdir()) == ["extrapolation.csv", "provenance.json", "runs.csv"]
+    assert main(["compare", str(dest), str(src)]) == 0
