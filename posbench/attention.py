@@ -3,8 +3,9 @@
 - ``sdpa-causal``: input/qk/mixer schemes: F.scaled_dot_product_attention(is_causal=True), flash on
   a GPU.
 - ``flex``: content-independent biases on CUDA: FlexAttention with the scheme's ``bias_fn`` as
-  score_mod and a causal BlockMask (compiled once).
-- ``sdpa-bias``: content-independent biases elsewhere: SDPA with an (H, T, T) float mask.
+  score_mod and a causal BlockMask (compiled once; recompiled per length, dtype and scheme).
+- ``sdpa-bias``: content-independent biases elsewhere: SDPA with an (H, T, T) float mask, built
+  once per forward and shared by the layers.
 - ``explicit``: content-dependent terms (logits/values hooks): the scores materialized, then
   softmax. It is also the reference every other path is tested against.
 """
@@ -12,7 +13,7 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -29,13 +30,21 @@ def flex_available() -> bool:
     return True
 
 
+def flex_supports(scheme) -> bool:
+    """FlexAttention (torch <= 2.13) fails on a learnable 0-dim tensor captured by score_mod
+    (meta-pytorch/attention-gym#171: eager backward, compiled forward and backward); such schemes
+    keep the float mask. A (1,)-shaped parameter read as p[0] works."""
+    return not any(p.dim() == 0 and p.requires_grad for p in scheme.parameters())
+
+
 def choose_backend(scheme, device: torch.device | str) -> str:
     hooks = set(scheme.hooks)
     if hooks & {"logits", "values"}:
         return "explicit"
     if "bias" in hooks:
         on_cuda = torch.device(device).type == "cuda"
-        return "flex" if on_cuda and flex_available() else "sdpa-bias"
+        flex = on_cuda and flex_available() and flex_supports(scheme)
+        return "flex" if flex else "sdpa-bias"
     return "sdpa-causal"
 
 
@@ -47,8 +56,16 @@ class AttnContext:
     backend: str
     shared: Any = None  # scheme.prepare(pos)
     bias: torch.Tensor | None = None  # (H, T, T), materialized biases only
+    mask: torch.Tensor | None = None  # (H, T, T) float32, bias with -inf above the diagonal
     score_mod: Any = None
     block_mask: Any = None
+    _masks: dict = field(default_factory=dict, init=False, repr=False)  # mask per compute dtype
+
+    def sdpa_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """The float mask in `dtype` (SDPA wants the query's), cast once per forward."""
+        if dtype not in self._masks:
+            self._masks[dtype] = self.mask.to(dtype)
+        return self._masks[dtype]
 
 
 def causal_mask(t: int, device) -> torch.Tensor:
@@ -56,10 +73,21 @@ def causal_mask(t: int, device) -> torch.Tensor:
     return torch.ones(t, t, dtype=torch.bool, device=device).triu(1)
 
 
+# Each (length, dtype, scheme, grad mode) is its own compiled entry; the default limit of 8
+# would send a benchmark over several schemes and lengths back to eager FlexAttention, which
+# materializes the full score matrix, without an error.
+FLEX_RECOMPILE_LIMIT = 256
+
+
 @functools.cache
 def _compiled_flex():
+    import torch._dynamo.config
     from torch.nn.attention.flex_attention import flex_attention
 
+    dynamo = torch._dynamo.config
+    dynamo.recompile_limit = max(dynamo.recompile_limit, FLEX_RECOMPILE_LIMIT)
+    dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit,
+                                             FLEX_RECOMPILE_LIMIT)
     return torch.compile(flex_attention, dynamic=False)
 
 
@@ -83,6 +111,9 @@ def prepare(scheme, pos: torch.Tensor, backend: str) -> AttnContext:
             ctx.block_mask = _causal_block_mask(pos.shape[0], str(pos.device))
         else:
             ctx.bias = scheme.bias(pos, ctx.shared)
+            if backend == "sdpa-bias":
+                t = pos.shape[0]
+                ctx.mask = ctx.bias.float().masked_fill(causal_mask(t, pos.device), float("-inf"))
     return ctx
 
 
@@ -93,8 +124,7 @@ def attend(q, k, v, scheme, ctx: AttnContext, layer: int) -> torch.Tensor:
     if backend == "sdpa-causal":
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     if backend == "sdpa-bias":
-        t = q.shape[-2]
-        mask = ctx.bias.masked_fill(causal_mask(t, q.device), float("-inf")).to(q.dtype)
+        mask = ctx.sdpa_mask(q.dtype)  # (H, T, T)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     if backend == "flex":
         return _compiled_flex()(

@@ -80,22 +80,40 @@ def test_cache_grown_then_used_short_equals_fresh(name):
     assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("shift", [0, 5])
 @pytest.mark.parametrize("name", ALL)
-def test_backends_agree_with_explicit_math(name):
-    """The fast path equals the explicit path, in outputs and in gradients."""
+def test_backends_agree_with_explicit_math(name, shift):
+    """The fast path equals the explicit path, in outputs and in gradients (the same parameters
+    get one), with positions given explicitly, at a length that is not a power of two."""
     torch.manual_seed(1)
-    fast = tiny_model(name).train()
+    fast = tiny_model(name, train_len=32).train()
     slow = copy.deepcopy(fast)
     slow.backend = "explicit"
-    x = torch.randint(0, 50, (2, T))
-    la = fast.token_losses(x, x).mean()
-    lb = slow.token_losses(x, x).mean()
+    x = torch.randint(0, 50, (2, T + 3))
+    pos = torch.arange(T + 3) + shift
+    la = fast.token_losses(x, x, pos).mean()
+    lb = slow.token_losses(x, x, pos).mean()
     la.backward()
     lb.backward()
     assert torch.allclose(la, lb, atol=1e-5)
     for (n, pa), (_, pb) in zip(fast.named_parameters(), slow.named_parameters()):
+        assert (pa.grad is None) == (pb.grad is None), n
         if pa.grad is not None:
             assert torch.allclose(pa.grad, pb.grad, atol=1e-5, rtol=1e-4), n
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_backends_agree_in_bfloat16(name):
+    """Under bf16 autocast, as training runs: the float mask cast to the query's dtype keeps
+    its -inf, and the fast path stays within bf16 rounding of the explicit one."""
+    fast = tiny_model(name)
+    slow = copy.deepcopy(fast)
+    slow.backend = "explicit"
+    x = torch.randint(0, 50, (2, T))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        a, b = fast.token_losses(x, x), slow.token_losses(x, x)
+    assert torch.isfinite(a).all()
+    assert torch.allclose(a, b, atol=0.05, rtol=0.02), (a - b).abs().max()
 
 
 @pytest.mark.parametrize("name", [n for n in ALL if SCHEMES[n].takes_positions])
