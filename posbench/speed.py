@@ -1,0 +1,434 @@
+"""`posbench speed`: what each scheme's attention costs, forward and forward+backward, at each
+length, beside `none` timed in the same run (DESIGN.md, Results: speed.csv).
+
+One timed call is the scheme's attention layer on the path `Transformer.forward` takes: the token
+embedding (the model's table, or the scheme's own), the scheme's input and mixer hooks,
+`check_positions`, `attention.choose_backend` and `attention.prepare` (once per forward: RoPE
+angles, the float mask, FlexAttention's score_mod and BlockMask), then one `model.Attention`
+(qkv projection, qk hook, the attention path with any logits/values hooks, output projection).
+No LayerNorm, MLP or output head, so the differences between rows are the schemes'.
+
+- Timing: `WARMUP` calls first (compilation included), then `repeats` blocks of `number` calls,
+  `number` chosen so that a block lasts at least `MIN_BLOCK_S`; median_ms and iqr_ms are per call,
+  over the blocks. CUDA: CUDA events around each block. CPU: torch.utils.benchmark.Timer with
+  num_threads=torch.get_num_threads() (its default is one thread).
+- `fwd` runs under torch.no_grad(), as evaluation does; `fwd+bwd` runs the forward with autograd,
+  then the gradients of every parameter by torch.autograd.grad (none accumulate between calls).
+- bfloat16 is autocast, as in training.
+- tflops: causal attention FLOPs, 2 B H N^2 D forward (half of 4 B H N^2 D) and 3.5 times that
+  forward+backward (backward about 2.5x), over the measured time. The time includes projections
+  and hooks, so this is a lower bound on the kernel's own rate, comparable across schemes.
+- peak_mem_mb: the most memory held by tensors allocated during one call, above what was held
+  before it (parameters, inputs and cached position tables excluded). CUDA:
+  torch.cuda.max_memory_allocated. CPU: the allocator keeps no peak, so one extra, untimed call
+  runs under `PeakTracker`, which adds the storage each op creates and subtracts it when freed.
+- `learned` and `tupe` have a position table: it is built with max_position = the longest length
+  (the reason column says so), so every length runs.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import statistics
+import time
+import weakref
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from posbench import attention, results
+from posbench.config import DTYPES, check_lengths
+from posbench.errors import PosbenchError, did_you_mean
+from posbench.model import Attention, ModelConfig
+from posbench.schemes import SCHEMES, Dims, Scheme, get_scheme
+from posbench.train import autocast, resolve_device
+
+PASSES = ("fwd", "fwd+bwd")
+BASELINE = "none"
+VOCAB = 256
+WARMUP = 2
+MIN_BLOCK_S = 0.02
+BACKWARD_FLOPS = 2.5  # backward / forward, for causal attention
+
+
+class SchemeLayer(nn.Module):
+    """One attention layer and everything a scheme adds to it, in `Transformer.forward`'s order."""
+
+    def __init__(self, scheme: Scheme, cfg: ModelConfig):
+        super().__init__()
+        self.scheme = scheme
+        self.tok = None if scheme.owns_token_embedding else nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.attn = Attention(cfg, layer=0)
+
+    def forward(self, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """idx (B, T), pos (T,) -> (B, T, d)."""
+        scheme = self.scheme
+        scheme.check_positions(pos)
+        x = self.tok(idx) if self.tok is not None else None  # (B, T, d)
+        if "input" in scheme.hooks:
+            x = scheme.embed(x, idx, pos)
+        if "mixer" in scheme.hooks:
+            x = scheme.mix(x)
+        ctx = attention.prepare(scheme, pos, self.backend(idx.device))
+        return self.attn(x, scheme, ctx)
+
+    def backend(self, device) -> str:
+        return attention.choose_backend(self.scheme, device)
+
+
+class PeakTracker(TorchDispatchMode):
+    """Bytes held by the tensors allocated inside the mode: each op's new storages are added and
+    subtracted again when freed; `peak` is the most held at once."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._held: dict[int, int] = {}
+
+    def _free(self, key: int) -> None:
+        self.live -= self._held.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            key, size = storage.data_ptr(), storage.nbytes()
+            if size == 0 or key in self._held:  # views and in-place results hold nothing new
+                continue
+            self._held[key] = size
+            self.live += size
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(storage, self._free, key)
+        return out
+
+
+def attention_flops(batch: int, heads: int, seq_len: int, head_dim: int, pass_: str) -> float:
+    forward = 2.0 * batch * heads * seq_len**2 * head_dim  # causal: half of 4 B H N^2 D
+    return forward * (1 + BACKWARD_FLOPS) if pass_ == "fwd+bwd" else forward
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {torch.get_num_threads()} threads"
+
+
+def _validate(schemes, lengths, batch_size, heads, head_dim, dtype, repeats, train_len):
+    names = list(SCHEMES) if schemes is None else list(schemes)
+    if not names:
+        raise PosbenchError("the scheme list is empty")
+    for name in names:
+        get_scheme(name)
+    names = [BASELINE] + sorted(set(names) - {BASELINE}, key=names.index)
+    try:
+        lengths = [int(n) for n in lengths]
+    except (TypeError, ValueError):
+        raise PosbenchError(f"bad lengths {lengths!r}: expected integers") from None
+    check_lengths(lengths)
+    for what, value in (("batch size", batch_size), ("heads", heads), ("head dim", head_dim),
+                        ("repeats", repeats), ("train length", train_len or 1)):
+        if int(value) < 1:
+            raise PosbenchError(f"{what} must be >= 1, got {value}")
+    if dtype not in DTYPES:
+        raise did_you_mean(dtype, DTYPES, "dtype")
+    return names, sorted(set(lengths))
+
+
+def run_speed(
+    schemes: Iterable[str] | None = None,
+    lengths: Iterable[int] = (256, 512, 1024, 2048),
+    batch_size: int = 1,
+    heads: int = 8,
+    head_dim: int = 64,
+    dtype: str = "float32",
+    device: str = "auto",
+    backward: bool = True,
+    repeats: int = 10,
+    out_dir: Path | str | None = "results",
+    train_len: int | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Time every scheme (None: the whole registry; `none` always joins) at every length, forward
+    and, with `backward`, forward+backward. Returns the rows; with `out_dir`, merges them into
+    out_dir/speed.csv and draws out_dir/speed.png. `train_len` (default: the shortest length) is
+    what the schemes are told they were trained at; `on_row` sees each row as it is measured."""
+    names, lengths = _validate(schemes, lengths, batch_size, heads, head_dim, dtype, repeats,
+                               train_len)
+    dev = resolve_device(device)
+    passes = PASSES if backward else PASSES[:1]
+    cfg = ModelConfig(vocab_size=VOCAB, d_model=heads * head_dim, n_layers=1, n_heads=heads)
+    dims = Dims(d_model=cfg.d_model, n_heads=heads, n_layers=1, vocab_size=VOCAB,
+                train_len=train_len or lengths[0], max_position=lengths[-1])
+    base = {"device": dev.type, "device_name": device_name(dev), "dtype": dtype,
+            "batch": batch_size, "heads": heads, "head_dim": head_dim,
+            **{k: v for k, v in results.provenance(dev.type, dtype).items()
+               if k in results.TABLES["speed"]["columns"]}}
+
+    layers: dict[str, SchemeLayer | Exception] = {}
+    for name in names:
+        torch.manual_seed(0)
+        try:
+            layers[name] = SchemeLayer(SCHEMES[name](dims), cfg).to(dev)
+        except Exception as e:  # a scheme that cannot be built at these sizes: rows, not a crash
+            layers[name] = e
+
+    rows = []
+    for n in lengths:
+        gen = torch.Generator().manual_seed(n)
+        idx = torch.randint(0, VOCAB, (batch_size, n), generator=gen).to(dev)
+        pos = torch.arange(n, device=dev)
+        grad_out = torch.randn(batch_size, n, cfg.d_model, generator=gen).to(dev)
+        for pass_ in passes:
+            measured = _measure(layers, idx, pos, grad_out, pass_, dtype, repeats)
+            for name in names:
+                layer = layers[name]
+                row = {**base, "scheme": name, "pass": pass_, "seq_len": n, **measured[name]}
+                row["backend"] = "" if isinstance(layer, Exception) else layer.backend(dev)
+                if row["status"] == "ok":
+                    row["reason"] = _note(layer.scheme, dims)
+                    seconds = row["median_ms"] / 1e3
+                    row["tflops"] = attention_flops(batch_size, heads, n, head_dim, pass_) / seconds / 1e12
+                    row["tokens_per_second"] = batch_size * n / seconds
+                rows.append(row)
+                if on_row is not None:
+                    on_row(row)
+    _add_ratios(rows)
+    if out_dir is not None:
+        results.merge_rows(out_dir, "speed", rows)
+        plot_speed(rows, Path(out_dir) / "speed.png")
+    return rows
+
+
+def _note(scheme: Scheme, dims: Dims) -> str:
+    if scheme.position_limit() is None:
+        return ""
+    return f"position table built with max_position={dims.max_position} (the longest length)"
+
+
+def _failure(e: BaseException) -> dict[str, str]:
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if isinstance(e, torch.OutOfMemoryError) or "out of memory" in text.lower() \
+            or "can't allocate memory" in text.lower():
+        return {"status": "oom", "reason": text}
+    if isinstance(e, PosbenchError):  # the scheme declines: e.g. a position past its table
+        return {"status": "unsupported", "reason": text}
+    return {"status": "failed", "reason": f"{type(e).__name__}: {text}"}
+
+
+def _call(layer, idx, pos, grad_out, pass_, dtype) -> Callable[[], Any]:
+    dev = idx.device
+    params = [p for p in layer.parameters() if p.requires_grad]
+
+    def fwd():
+        with torch.no_grad(), autocast(dev, dtype):
+            return layer(idx, pos)
+
+    def fwd_bwd():
+        with autocast(dev, dtype):
+            y = layer(idx, pos)  # (B, T, d)
+        return torch.autograd.grad(y, params, grad_out.to(y.dtype), allow_unused=True)
+
+    return fwd if pass_ == "fwd" else fwd_bwd
+
+
+def _measure(layers, idx, pos, grad_out, pass_, dtype, repeats) -> dict[str, dict[str, Any]]:
+    """Status, median_ms, iqr_ms, peak_mem_mb (or the failure) per scheme at one length and pass.
+    The schemes take turns block by block, so a slow drift of the machine (other load, clocks)
+    reaches every scheme alike and the ratios to `none` stay fair."""
+    dev = idx.device
+    out: dict[str, dict[str, Any]] = {}
+    blocks: dict[str, Callable[[], float]] = {}
+    for name, layer in layers.items():
+        if isinstance(layer, Exception):
+            out[name] = _failure(layer)
+            continue
+        try:
+            blocks[name] = _block_timer(_call(layer, idx, pos, grad_out, pass_, dtype), dev)
+        except Exception as e:  # e.g. out of memory or past a position table, in the warm-up
+            out[name] = _failure(e)
+            _release(dev)
+    times: dict[str, list[float]] = {name: [] for name in blocks}
+    for _ in range(repeats):
+        for name in list(blocks):
+            try:
+                times[name].append(blocks[name]())
+            except Exception as e:
+                out[name] = _failure(e)
+                del blocks[name]
+                _release(dev)
+    for name in blocks:
+        layer = layers[name]
+        try:
+            peak = _peak_bytes(_call(layer, idx, pos, grad_out, pass_, dtype), dev)
+        except Exception as e:
+            out[name] = _failure(e)
+            _release(dev)
+            continue
+        t = times[name]
+        q1, _, q3 = statistics.quantiles(t, n=4) if len(t) > 1 else (t[0],) * 3
+        out[name] = {"status": "ok", "median_ms": statistics.median(t) * 1e3,
+                     "iqr_ms": (q3 - q1) * 1e3, "peak_mem_mb": peak / 2**20}
+    return out
+
+
+def _release(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _block_timer(call: Callable[[], Any], dev: torch.device) -> Callable[[], float]:
+    """Warm `call` up, then return a function that times one block of calls: seconds per call.
+    A block is as many calls as last `MIN_BLOCK_S`."""
+    for _ in range(WARMUP):
+        call()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    began = time.perf_counter()
+    call()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    number = max(1, math.ceil(MIN_BLOCK_S / max(time.perf_counter() - began, 1e-9)))
+    if dev.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+        def block() -> float:
+            start.record()
+            for _ in range(number):
+                call()
+            end.record()
+            torch.cuda.synchronize(dev)
+            return start.elapsed_time(end) / 1e3 / number
+
+        return block
+    from torch.utils import benchmark
+
+    timer = benchmark.Timer(stmt="call()", globals={"call": call},
+                            num_threads=torch.get_num_threads())
+    return lambda: timer.timeit(number).mean
+
+
+def _peak_bytes(call: Callable[[], Any], dev: torch.device) -> int:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        before = torch.cuda.memory_allocated(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        call()
+        torch.cuda.synchronize(dev)
+        return torch.cuda.max_memory_allocated(dev) - before
+    with PeakTracker() as tracker:
+        call()
+    return tracker.peak
+
+
+def _add_ratios(rows: list[dict[str, Any]]) -> None:
+    """ratio_vs_none: median / the median of `none` at the same pass and length (same run, so
+    the same device, dtype and sizes)."""
+    baseline = {(r["pass"], r["seq_len"]): r["median_ms"] for r in rows
+                if r["scheme"] == BASELINE and r["status"] == "ok"}
+    for r in rows:
+        ref = baseline.get((r["pass"], r["seq_len"]))
+        if r["status"] == "ok" and ref:
+            r["ratio_vs_none"] = r["median_ms"] / ref
+
+
+def _by_pass(rows):
+    out: dict[str, dict[str, dict[int, dict]]] = {}
+    for r in rows:
+        out.setdefault(r["pass"], {}).setdefault(r["scheme"], {})[int(r["seq_len"])] = r
+    return out
+
+
+def speed_tables(rows: list[dict[str, Any]]) -> list:
+    """One rich table per pass: schemes x lengths, median ms and the ratio to `none`."""
+    from rich.table import Table
+
+    tables = []
+    for pass_, by_scheme in _by_pass(rows).items():
+        first = next(iter(next(iter(by_scheme.values())).values()))
+        lengths = sorted({n for cells in by_scheme.values() for n in cells})
+        table = Table(title=f"{pass_}: median ms (ratio to none), {first['device']} "
+                            f"{first['dtype']}, batch {first['batch']}, {first['heads']} heads x "
+                            f"{first['head_dim']}")
+        table.add_column("scheme")
+        table.add_column("backend")
+        for n in lengths:
+            table.add_column(str(n), justify="right")
+        for scheme, cells in by_scheme.items():
+            backend = next(iter(cells.values()))["backend"]
+            table.add_row(scheme, backend, *(_cell(cells.get(n)) for n in lengths))
+        tables.append(table)
+    return tables
+
+
+def _cell(row) -> str:
+    if row is None:
+        return ""
+    if row["status"] != "ok":
+        return row["status"]
+    ratio = row.get("ratio_vs_none")
+    return f"{row['median_ms']:.3g} ({ratio:.2f}x)" if ratio else f"{row['median_ms']:.3g}"
+
+
+def print_speed(rows: list[dict[str, Any]], console=None) -> None:
+    from rich.console import Console
+
+    console = console or Console()
+    for table in speed_tables(rows):
+        console.print(table)
+
+
+def plot_speed(rows: list[dict[str, Any]], path: Path | str) -> Path:
+    """Time against length per scheme, log-log, one panel per pass."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_pass = _by_pass(rows)
+    fig, axes = plt.subplots(1, len(by_pass), figsize=(6.5 * len(by_pass), 5), squeeze=False)
+    styles = ["-", "--", ":", "-."]
+    colors = plt.get_cmap("tab20").colors
+    for ax, (pass_, by_scheme) in zip(axes[0], by_pass.items()):
+        for i, (scheme, cells) in enumerate(by_scheme.items()):
+            ok = sorted((n, r["median_ms"]) for n, r in cells.items() if r["status"] == "ok")
+            if not ok:
+                continue
+            xs, ys = zip(*ok)
+            baseline = scheme == BASELINE
+            ax.plot(xs, ys, marker="o", markersize=3, label=scheme,
+                    color="black" if baseline else colors[i % len(colors)],
+                    linestyle="-" if baseline else styles[(i // len(colors)) % len(styles)],
+                    linewidth=2.2 if baseline else 1.2)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel("median ms per call")
+        ax.set_title(pass_)
+        ax.grid(True, which="both", alpha=0.3)
+    first = rows[0]
+    fig.suptitle(f"attention layer time, {first['device']} {first['dtype']}, batch {first['batch']}, "
+                 f"{first['heads']} heads x {first['head_dim']}")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right", fontsize=8)
+    fig.tight_layout(rect=(0, 0, 0.86, 1))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
