@@ -9,7 +9,7 @@ angles, the float mask, FlexAttention's score_mod and BlockMask), then one `mode
 No LayerNorm, MLP or output head, so the differences between rows are the schemes'.
 
 - Timing: `WARMUP` calls first (compilation included), then `repeats` blocks of `number` calls,
-  `number` chosen so that a block lasts at least `MIN_BLOCK_S`; median_ms and iqr_ms are per call,
+  `number` chosen from the last warm-up call so that a block lasts at least `MIN_BLOCK_S`; median_ms and iqr_ms are per call,
   over the blocks. CUDA: CUDA events around each block. CPU: torch.utils.benchmark.Timer with
   num_threads=torch.get_num_threads() (its default is one thread).
 - `fwd` runs under torch.no_grad(), as evaluation does; `fwd+bwd` runs the forward with autograd,
@@ -294,8 +294,8 @@ def _release(dev: torch.device) -> None:
 
 def _block_timer(call: Callable[[], Any], dev: torch.device) -> Callable[[], float]:
     """Warm `call` up, then return a function that times one block of calls: seconds per call.
-    A block is as many calls as last `MIN_BLOCK_S`."""
-    for _ in range(WARMUP):
+    A block is as many calls as last `MIN_BLOCK_S`, judged by the last warm-up call."""
+    for _ in range(WARMUP - 1):
         call()
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
