@@ -42,7 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from posbench import attention, results
-from posbench.config import DTYPES, check_lengths
+from posbench.config import DTYPES, check_lengths, parse_int_list
 from posbench.errors import PosbenchError, did_you_mean
 from posbench.model import Attention, ModelConfig
 from posbench.schemes import SCHEMES, Dims, Scheme, get_scheme
@@ -130,6 +130,10 @@ def device_name(device: torch.device) -> str:
 
 
 def _validate(schemes, lengths, batch_size, heads, head_dim, dtype, repeats, train_len):
+    if isinstance(schemes, str):  # "none,rope", as typed
+        schemes = [s.strip() for s in schemes.split(",") if s.strip()]
+    if isinstance(lengths, str):
+        lengths = parse_int_list(lengths)
     names = list(SCHEMES) if schemes is None else list(schemes)
     if not names:
         raise PosbenchError("the scheme list is empty")
@@ -234,6 +238,7 @@ def _failure(e: BaseException) -> dict[str, str]:
 def _call(layer, idx, pos, grad_out, pass_, dtype) -> Callable[[], Any]:
     dev = idx.device
     params = [p for p in layer.parameters() if p.requires_grad]
+    grad_out = grad_out.to(torch.bfloat16 if dtype == "bfloat16" else torch.float32)  # as y
 
     def fwd():
         with torch.no_grad(), autocast(dev, dtype):
@@ -399,6 +404,7 @@ def plot_speed(rows: list[dict[str, Any]], path: Path | str) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     by_pass = _by_pass(rows)
     fig, axes = plt.subplots(1, len(by_pass), figsize=(6.5 * len(by_pass), 5), squeeze=False)
@@ -417,6 +423,9 @@ def plot_speed(rows: list[dict[str, Any]], path: Path | str) -> Path:
                     linewidth=2.2 if baseline else 1.2)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        lengths = sorted({n for cells in by_scheme.values() for n in cells})
+        ax.set_xticks(lengths, [str(n) for n in lengths])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.set_xlabel("sequence length")
         ax.set_ylabel("median ms per call")
         ax.set_title(pass_)
