@@ -9,11 +9,14 @@ angles, the float mask, FlexAttention's score_mod and BlockMask), then one `mode
 No LayerNorm, MLP or output head, so the differences between rows are the schemes'.
 
 - Timing: `WARMUP` calls first (compilation included), then `repeats` blocks of `number` calls,
-  `number` chosen from the last warm-up call so that a block lasts at least `MIN_BLOCK_S`; median_ms and iqr_ms are per call,
-  over the blocks. CUDA: CUDA events around each block. CPU: torch.utils.benchmark.Timer with
+  `number` chosen from the last warm-up call so that a block lasts at least `MIN_BLOCK_S`;
+  median_ms and iqr_ms are per call, over the blocks. The schemes take turns block by block.
+  CUDA: CUDA events around each block. CPU: torch.utils.benchmark.Timer with
   num_threads=torch.get_num_threads() (its default is one thread).
 - `fwd` runs under torch.no_grad(), as evaluation does; `fwd+bwd` runs the forward with autograd,
   then the gradients of every parameter by torch.autograd.grad (none accumulate between calls).
+  FLOATER-style schemes whose position table depends on learned weights pay for rebuilding it
+  here, which is their real training cost.
 - bfloat16 is autocast, as in training.
 - tflops: causal attention FLOPs, 2 B H N^2 D forward (half of 4 B H N^2 D) and 3.5 times that
   forward+backward (backward about 2.5x), over the measured time. The time includes projections
@@ -164,14 +167,15 @@ def run_speed(
     device: str = "auto",
     backward: bool = True,
     repeats: int = 10,
-    out_dir: Path | str | None = "results",
+    out_dir: Path | str | None = "runs",
     train_len: int | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Time every scheme (None: the whole registry; `none` always joins) at every length, forward
-    and, with `backward`, forward+backward. Returns the rows; with `out_dir`, merges them into
-    out_dir/speed.csv and draws out_dir/speed.png. `train_len` (default: the shortest length) is
-    what the schemes are told they were trained at; `on_row` sees each row as it is measured."""
+    """Time every scheme (None: the whole registry; `none` always joins) at every length,
+    forward and, with `backward`, forward+backward. Returns the rows; with `out_dir`, merges them
+    into out_dir/speed.csv and draws this run's rows in out_dir/speed.png. `train_len` (default:
+    the shortest length) is what the schemes are told they were trained at; `on_row` sees each
+    row as it is measured (its ratio_vs_none comes at the end)."""
     names, lengths = _validate(schemes, lengths, batch_size, heads, head_dim, dtype, repeats,
                                train_len)
     dev = resolve_device(device)
@@ -207,7 +211,8 @@ def run_speed(
                 if row["status"] == "ok":
                     row["reason"] = _note(layer.scheme, dims)
                     seconds = row["median_ms"] / 1e3
-                    row["tflops"] = attention_flops(batch_size, heads, n, head_dim, pass_) / seconds / 1e12
+                    flops = attention_flops(batch_size, heads, n, head_dim, pass_)
+                    row["tflops"] = flops / seconds / 1e12
                     row["tokens_per_second"] = batch_size * n / seconds
                 rows.append(row)
                 if on_row is not None:
