@@ -30,10 +30,15 @@ def flex_available() -> bool:
     return True
 
 
+FLEX_MIN_HEAD_DIM = 16  # the CUDA kernel's matmul tiles; smaller heads raise "NYI"
+
+
 def flex_supports(scheme) -> bool:
-    """FlexAttention (torch <= 2.13) fails on a learnable 0-dim tensor captured by score_mod
-    (meta-pytorch/attention-gym#171: eager backward, compiled forward and backward); such schemes
-    keep the float mask. A (1,)-shaped parameter read as p[0] works."""
+    """What FlexAttention (torch <= 2.13) can run; the rest keeps the float mask: head dims below
+    16, and a learnable 0-dim tensor captured by score_mod (meta-pytorch/attention-gym#171: eager
+    backward, compiled forward and backward fail; a (1,)-shaped parameter read as p[0] works)."""
+    if scheme.head_dim < FLEX_MIN_HEAD_DIM:
+        return False
     return not any(p.dim() == 0 and p.requires_grad for p in scheme.parameters())
 
 

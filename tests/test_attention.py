@@ -13,7 +13,7 @@ from conftest import tiny_model
 from posbench import attention
 from posbench.schemes import SCHEMES, Dims, Scheme
 
-H, D, T = 4, 8, 40
+H, D, T = 4, 16, 40
 FLEX = [n for n in sorted(SCHEMES)
         if attention.choose_backend(SCHEMES[n](Dims(H * D, H, 1, 50, T, T)), "cuda") == "flex"]
 needs_flex = pytest.mark.skipif(not attention.flex_available(), reason="no FlexAttention in this torch")
@@ -64,8 +64,9 @@ def test_score_mod_equals_explicit_bias_and_gradients(name):
                     assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), (a - b).abs().max()
 
 
-def test_learnable_scalar_keeps_the_float_mask():
-    """A 0-dim learned tensor in score_mod breaks FlexAttention: such a scheme is not sent there."""
+def test_what_flex_cannot_run_keeps_the_float_mask():
+    """A 0-dim learned tensor in score_mod, or a head dim below 16, breaks FlexAttention: such a
+    scheme is not sent there."""
 
     class ScalarBias(Scheme):
         name, family, hooks = "scalar-bias", "bias", ("bias",)
@@ -81,6 +82,7 @@ def test_learnable_scalar_keeps_the_float_mask():
     assert not attention.flex_supports(scheme)
     assert attention.choose_backend(scheme, "cuda") == "sdpa-bias"
     assert attention.flex_supports(SCHEMES["alibi"](Dims(H * D, H, 1, 50, T, T)))
+    assert not attention.flex_supports(SCHEMES["alibi"](Dims(H * 8, H, 1, 50, T, T)))  # head dim 8
 
 
 def cpu_compiler() -> bool:
@@ -112,8 +114,11 @@ def test_flex_on_cuda_agrees_with_explicit_forward_and_gradients(name):
     included (atomic adds: equal to tolerance, not bitwise)."""
     import copy
 
+    from posbench.model import ModelConfig, Transformer
+
     torch.manual_seed(1)
-    fast = tiny_model(name, train_len=64).cuda().train()
+    dims = Dims(d_model=H * D, n_heads=H, n_layers=2, vocab_size=50, train_len=64, max_position=256)
+    fast = Transformer(ModelConfig(50, H * D, 2, H), SCHEMES[name](dims)).cuda().train()
     assert attention.choose_backend(fast.scheme, "cuda") == "flex"
     slow = copy.deepcopy(fast)
     slow.backend = "explicit"
