@@ -260,6 +260,44 @@ def tasks(validate: bool = typer.Option(False, "--validate", help="load every ta
     return 1 if validate and bad else 0
 
 
+@app.command()
+def passkey(
+    runs_dir: Path = typer.Option(Path("runs"), help="where trained runs are"),
+    task: Optional[str] = typer.Option(None, help="task whose [passkey] and [eval] settings are the defaults"),
+    scheme: Optional[List[str]] = typer.Option(None, help="only runs of these schemes (repeatable or comma-separated)"),
+    lengths: Optional[str] = typer.Option(None, help="prompt lengths, e.g. 256,512 (default: 1x,2x,4x,8x train_len)"),
+    depths: Optional[str] = typer.Option(None, help="key depths in [0, 1], e.g. 0,0.5,1"),
+    trials: Optional[int] = typer.Option(None, help="prompts per length and depth"),
+    digits: Optional[int] = typer.Option(None, help="digits of the key"),
+    seed: Optional[int] = typer.Option(None, help="seed of the keys"),
+    rope_scaling: Optional[str] = typer.Option(None, help="comma-separated: none,pi,ntk,dynamic-ntk,yarn"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    out: Optional[Path] = typer.Option(None, help="where passkey.csv and heatmaps go (default: the runs directory)"),
+):
+    """Passkey retrieval: accuracy of every trained run by prompt length and key depth; a table,
+    passkey.csv and one heatmap per scheme."""
+    from posbench import passkey as pk, results
+    from posbench.schemes import get_scheme
+
+    t = config.load_task(task)
+    try:
+        depth_list = tuple(float(v) for v in depths.split(",") if v.strip()) if depths else None
+    except ValueError:
+        raise PosbenchError(f"bad depths {depths!r}: expected comma-separated numbers in [0, 1]") from None
+    cfg = config.replace(t.passkey, lengths=config.parse_int_list(lengths) if lengths else None,
+                         depths=depth_list, trials=trials, digits=digits, seed=seed)
+    eval_cfg = config.replace(t.eval, rope_scaling=_split(rope_scaling))
+    names = _split(",".join(scheme)) if scheme else None
+    for name in names or ():
+        get_scheme(name)
+    out_dir = out or runs_dir
+    rows = pk.evaluate(runs_dir, cfg, eval_cfg, names, out_dir, device, progress=sys.stderr.isatty())
+    console.print(pk.accuracy_table(rows))
+    csv_path = results.table_path(out_dir, "passkey")
+    plots = pk.plot_heatmaps(results.read_rows(csv_path), out_dir)
+    console.print(f"wrote {csv_path} and {len(plots)} heatmaps ({plots[0].parent}/passkey_*.png)")
+
+
 def _split(text: str | None) -> tuple[str, ...] | None:
     if text is None:
         return None

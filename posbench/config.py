@@ -68,6 +68,18 @@ class SpeedConfig:
 
 
 @dataclass(frozen=True)
+class PasskeyConfig:
+    """Passkey retrieval (posbench.passkey): accuracy by prompt length and key depth."""
+
+    enabled: bool = False  # a step of `posbench run`; `posbench passkey` runs regardless
+    lengths: tuple[int, ...] = ()  # empty: 1x, 2x, 4x and 8x each run's training length
+    depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)  # where the key sits in the filler
+    trials: int = 20  # prompts per (length, depth)
+    digits: int = 5
+    seed: int = 0  # of the keys: every scheme answers the same prompts
+
+
+@dataclass(frozen=True)
 class Task:
     name: str = "quick"
     version: int = TASK_VERSION
@@ -80,6 +92,7 @@ class Task:
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     speed: SpeedConfig = SpeedConfig()
+    passkey: PasskeyConfig = PasskeyConfig()
 
 
 def tasks_dir() -> Path:
@@ -182,6 +195,14 @@ def validate(obj) -> None:
         check_lengths(obj.lengths)
         _positive(obj, "batch_size", "heads", "head_dim", "repeats")
         _choice("dtype", obj.dtype, DTYPES)
+    elif isinstance(obj, PasskeyConfig):
+        if obj.lengths:
+            check_lengths(obj.lengths)
+        if not obj.depths or any(not 0 <= d <= 1 for d in obj.depths):
+            raise PosbenchError(f"passkey depths must be a non-empty list in [0, 1], got {list(obj.depths)}")
+        _positive(obj, "trials")
+        if not 1 <= obj.digits <= 18:
+            raise PosbenchError(f"passkey digits must be in 1..18, got {obj.digits}")
     elif isinstance(obj, ModelConfig):
         _positive(obj, "d_model", "n_layers", "n_heads", "mlp_ratio")
         if obj.d_model % obj.n_heads:

@@ -4,6 +4,7 @@ A data SPEC is one of:
 - ``pystdlib``: the running Python's standard-library ``.py`` files (no site-/dist-packages),
 - ``files:PATH_OR_GLOB``: the user's plain-text files, loaded through ``datasets``,
 - ``hf:NAME[:CONFIG]``: a Hugging Face dataset through ``datasets`` (a local dataset folder works).
+- ``passkey[:OPTIONS]``: generated passkey-retrieval documents (posbench.passkey).
 
 Splits are deterministic: by a hash of each document's name when there are enough documents,
 otherwise by contiguous ranges of the text (90/5/5). The tokenizer is a byte-level BPE trained on
@@ -194,8 +195,12 @@ def load_corpus(spec: str) -> Corpus:
     if kind == "hf" and rest:
         name, _, config = rest.partition(":")
         return load_hf(name, config or None)
+    if kind == "passkey":
+        from posbench.passkey import load_passkey
+
+        return load_passkey(spec)
     raise PosbenchError(
-        f"unknown data spec {spec!r}: use pystdlib, files:PATH_OR_GLOB or hf:NAME[:CONFIG]"
+        f"unknown data spec {spec!r}: use pystdlib, files:PATH_OR_GLOB, hf:NAME[:CONFIG] or passkey[:OPTIONS]"
     )
 
 

@@ -1,6 +1,7 @@
 """`posbench run TASK`: the whole grid in one command: train every scheme x seed, extrapolate,
-time the kernels, write the report. Finished work (same resolved config, same run_id) is skipped,
-and `--shard I/N` runs a deterministic slice so N machines can split a grid."""
+test passkey retrieval (when the task enables it), time the kernels, write the report. Finished
+work (same resolved config, same run_id) is skipped, and `--shard I/N` runs a deterministic slice
+so N machines can split a grid."""
 
 from __future__ import annotations
 
@@ -64,7 +65,8 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     specs = shard_of(grid(task), shard)
-    done = {"trained": 0, "skipped_train": 0, "evaluated": 0, "skipped_eval": 0, "speed": 0}
+    done = {"trained": 0, "skipped_train": 0, "evaluated": 0, "skipped_eval": 0, "passkey": 0,
+            "skipped_passkey": 0, "speed": 0}
     cache: dict = {}
     with Progress(disable=not progress) as bar:
         overall = bar.add_task(f"{task.name} {shard[0]}/{shard[1]}", total=2 * len(specs))
@@ -90,10 +92,30 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
                 results.merge_rows(out, "positions", positions)
                 done["evaluated"] += 1
             bar.advance(overall)
+        if task.passkey.enabled:
+            run_passkey(task, out, specs, device, done, log)
     if speed and shard[0] == 1:
         done["speed"] = run_speed_once(task, out, device, log)
     write_provenance(task, out, shard)
     return done
+
+
+def run_passkey(task: Task, out: Path, specs: list[RunSpec], device: str, done: dict, log) -> None:
+    """Passkey retrieval of every run of the shard, skipping runs whose rows exist."""
+    from posbench import passkey
+
+    key = results.TABLES["passkey"]["key"]
+    have = {tuple(r[k] for k in key) for r in results.read_rows(results.table_path(out, "passkey"))}
+    for spec in specs:
+        run_dir = out / spec.run_id
+        _, model, _ = load_trained(run_dir)
+        if passkey.row_keys(spec, task.passkey, task.eval, model.scheme) <= have:
+            done["skipped_passkey"] += 1
+            continue
+        log(f"passkey {spec.run_id}")
+        rows = passkey.evaluate_run(run_dir, task.passkey, task.eval, device, task.name)
+        results.merge_rows(out, "passkey", rows)
+        done["passkey"] += 1
 
 
 def run_speed_once(task: Task, out: Path, device: str, log) -> int:

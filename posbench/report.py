@@ -1,4 +1,5 @@
-"""Tables and plots from result files: the rich table of `extrapolate`, PNG plots, report.md."""
+"""Tables and plots from result files: the rich table of `extrapolate`, PNG plots, report.md
+(passkey tables and heatmaps come from posbench.passkey)."""
 
 from __future__ import annotations
 
@@ -175,8 +176,11 @@ def write_report(directory: Path | str) -> Path:
     directory = Path(directory)
     read = lambda t: pd.DataFrame(results.read_rows(results.table_path(directory, t)))  # noqa: E731
     runs, ext, pos, speed = read("runs"), read("extrapolation"), read("positions"), read("speed")
-    if ext.empty and runs.empty and speed.empty:
-        raise PosbenchError(f"no results in {directory} (expected runs.csv, extrapolation.csv or speed.csv)")
+    passkey = read("passkey")
+    if ext.empty and runs.empty and speed.empty and passkey.empty:
+        raise PosbenchError(
+            f"no results in {directory} (expected runs.csv, extrapolation.csv, passkey.csv or speed.csv)"
+        )
     md = ["# posbench report", ""]
     if not runs.empty:
         ok = runs[runs["status"] == "ok"]
@@ -204,6 +208,12 @@ def write_report(directory: Path | str) -> Path:
     path = directory / "report.md"
     results.write_atomic(path, "\n".join(md) + "\n")
     return path
+    if not passkey.empty:
+        from posbench.passkey import accuracy_markdown, plot_heatmaps
+
+        md += ["## Passkey retrieval", "", "Exact-match accuracy of the key (higher is better), mean "
+               "over key depths and seeds; the heatmaps show each depth.", "", accuracy_markdown(passkey), ""]
+        md += [f"![{p.stem}]({p.name})" for p in plot_heatmaps(passkey, directory)] + [""]
 
 
 def _num(value, digits: int = 4) -> str:

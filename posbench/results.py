@@ -43,6 +43,12 @@ TABLES: dict[str, dict[str, list[str]]] = {
         "columns": ["run_id", "scheme", "eval_len", "mode", "stride", "scaling", "extension",
                     "bucket", "position_start", "position_end", "tokens", "loss"],
     },
+    "passkey": {
+        "key": ["run_id", "eval_len", "depth", "scaling", "extension"],
+        "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "eval_len", "ratio",
+                    "depth", "trials", "hits", "accuracy", "scaling", "extension", "backend",
+                    "status", "reason"] + PROVENANCE,
+    },
     "speed": {
         "key": ["scheme", "backend", "pass", "device", "device_name", "dtype", "batch", "heads",
                 "head_dim", "seq_len"],

@@ -8,11 +8,10 @@ angles, the float mask, FlexAttention's score_mod and BlockMask), then one `mode
 (qkv projection, qk hook, the attention path with any logits/values hooks, output projection).
 No LayerNorm, MLP or output head, so the differences between rows are the schemes'.
 
-- Timing: `WARMUP` calls first (compilation included), then `repeats` blocks of `number` calls,
-  `number` chosen from the last warm-up call so that a block lasts at least `MIN_BLOCK_S`;
-  median_ms and iqr_ms are per call, over the blocks. The schemes take turns block by block.
-  CUDA: CUDA events around each block. CPU: torch.utils.benchmark.Timer with
-  num_threads=torch.get_num_threads() (its default is one thread).
+- Timing: `WARMUP` calls first (compilation included), then about `repeats` blocks of calls,
+  each block lasting at least `MIN_BLOCK_S`; median_ms and iqr_ms are per call, over the blocks.
+  CUDA: CUDA events around each block. CPU: torch.utils.benchmark.Timer.blocked_autorange with
+  num_threads=torch.get_num_threads() (the Timer's default is one thread).
 - `fwd` runs under torch.no_grad(), as evaluation does; `fwd+bwd` runs the forward with autograd,
   then the gradients of every parameter by torch.autograd.grad (none accumulate between calls).
   FLOATER-style schemes whose position table depends on learned weights pay for rebuilding it
@@ -203,11 +202,15 @@ def run_speed(
         pos = torch.arange(n, device=dev)
         grad_out = torch.randn(batch_size, n, cfg.d_model, generator=gen).to(dev)
         for pass_ in passes:
-            measured = _measure(layers, idx, pos, grad_out, pass_, dtype, repeats)
             for name in names:
                 layer = layers[name]
-                row = {**base, "scheme": name, "pass": pass_, "seq_len": n, **measured[name]}
-                row["backend"] = "" if isinstance(layer, Exception) else layer.backend(dev)
+                row = {**base, "scheme": name, "pass": pass_, "seq_len": n}
+                if isinstance(layer, Exception):
+                    row.update(backend="", **_failure(layer))
+                else:
+                    row["backend"] = layer.backend(dev)
+                    call = _call(layer, idx, pos, grad_out, pass_, dtype)
+                    row.update(_measure(call, dev, repeats))
                 if row["status"] == "ok":
                     row["reason"] = _note(layer.scheme, dims)
                     seconds = row["median_ms"] / 1e3
@@ -257,54 +260,23 @@ def _call(layer, idx, pos, grad_out, pass_, dtype) -> Callable[[], Any]:
     return fwd if pass_ == "fwd" else fwd_bwd
 
 
-def _measure(layers, idx, pos, grad_out, pass_, dtype, repeats) -> dict[str, dict[str, Any]]:
-    """Status, median_ms, iqr_ms, peak_mem_mb (or the failure) per scheme at one length and pass.
-    The schemes take turns block by block, so a slow drift of the machine (other load, clocks)
-    reaches every scheme alike and the ratios to `none` stay fair."""
-    dev = idx.device
-    out: dict[str, dict[str, Any]] = {}
-    blocks: dict[str, Callable[[], float]] = {}
-    for name, layer in layers.items():
-        if isinstance(layer, Exception):
-            out[name] = _failure(layer)
-            continue
-        try:
-            blocks[name] = _block_timer(_call(layer, idx, pos, grad_out, pass_, dtype), dev)
-        except Exception as e:  # e.g. out of memory or past a position table, in the warm-up
-            out[name] = _failure(e)
-            _release(dev)
-    times: dict[str, list[float]] = {name: [] for name in blocks}
-    for _ in range(repeats):
-        for name in list(blocks):
-            try:
-                times[name].append(blocks[name]())
-            except Exception as e:
-                out[name] = _failure(e)
-                del blocks[name]
-                _release(dev)
-    for name in blocks:
-        layer = layers[name]
-        try:
-            peak = _peak_bytes(_call(layer, idx, pos, grad_out, pass_, dtype), dev)
-        except Exception as e:
-            out[name] = _failure(e)
-            _release(dev)
-            continue
-        t = times[name]
-        q1, _, q3 = statistics.quantiles(t, n=4) if len(t) > 1 else (t[0],) * 3
-        out[name] = {"status": "ok", "median_ms": statistics.median(t) * 1e3,
-                     "iqr_ms": (q3 - q1) * 1e3, "peak_mem_mb": peak / 2**20}
-    return out
+def _measure(call: Callable[[], Any], dev: torch.device, repeats: int) -> dict[str, Any]:
+    """status, median_ms, iqr_ms, peak_mem_mb; or status and reason if the call fails."""
+    try:
+        times = _time(call, dev, repeats)
+        peak = _peak_bytes(call, dev)
+    except Exception as e:  # e.g. out of memory, or a position past a table
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        return _failure(e)
+    q1, _, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else (times[0],) * 3
+    return {"status": "ok", "median_ms": statistics.median(times) * 1e3,
+            "iqr_ms": (q3 - q1) * 1e3, "peak_mem_mb": peak / 2**20}
 
 
-def _release(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def _block_timer(call: Callable[[], Any], dev: torch.device) -> Callable[[], float]:
-    """Warm `call` up, then return a function that times one block of calls: seconds per call.
-    A block is as many calls as last `MIN_BLOCK_S`, judged by the last warm-up call."""
+def _time(call: Callable[[], Any], dev: torch.device, repeats: int) -> list[float]:
+    """Seconds per call, one value per block, about `repeats` blocks, after `WARMUP` calls (the
+    last one sizes the blocks: at least `MIN_BLOCK_S` each)."""
     for _ in range(WARMUP - 1):
         call()
     if dev.type == "cuda":
@@ -313,24 +285,27 @@ def _block_timer(call: Callable[[], Any], dev: torch.device) -> Callable[[], flo
     call()
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-    number = max(1, math.ceil(MIN_BLOCK_S / max(time.perf_counter() - began, 1e-9)))
+    once = max(time.perf_counter() - began, 1e-9)
     if dev.type == "cuda":
+        number = max(1, math.ceil(MIN_BLOCK_S / once))
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-        def block() -> float:
+        times = []
+        for _ in range(repeats):
             start.record()
             for _ in range(number):
                 call()
             end.record()
             torch.cuda.synchronize(dev)
-            return start.elapsed_time(end) / 1e3 / number
-
-        return block
+            times.append(start.elapsed_time(end) / 1e3 / number)
+        return times
     from torch.utils import benchmark
 
+    # blocked_autorange sizes its blocks itself and runs until min_run_time is spent; unlike
+    # timeit it does not warm up again before every block
     timer = benchmark.Timer(stmt="call()", globals={"call": call},
                             num_threads=torch.get_num_threads())
-    return lambda: timer.timeit(number).mean
+    run_time = (repeats - 0.5) * max(once, MIN_BLOCK_S)
+    return list(timer.blocked_autorange(min_run_time=run_time).times)
 
 
 def _peak_bytes(call: Callable[[], Any], dev: torch.device) -> int:

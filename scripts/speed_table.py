@@ -1,9 +1,11 @@
 #!/usr/bin/env python
 """The CPU attention-cost table: every registered scheme, forward and forward+backward, at
-lengths 256-2048 (batch 1, 8 heads of 64), beside `none`. About ten minutes on two cores.
+lengths 256-2048 (batch 1, 8 heads of 64), beside `none`. About ten minutes on two idle cores;
+length 2048 takes three quarters of it (cope, deberta, fire and the bias schemes materialize
+(H, T, T) tensors).
 
     python scripts/speed_table.py [--out runs/speed-cpu] [--lengths 256,512,1024,2048]
-                                  [--heads 8] [--head-dim 64] [--repeats 5] [--threads N]
+                                  [--heads 8] [--head-dim 64] [--repeats 3] [--threads N]
 
 Writes OUT/speed.csv (merged by key) and OUT/speed.png, and prints one table per pass.
 """
@@ -30,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     args = ap.parse_args(argv)
     if args.threads:
