@@ -203,17 +203,17 @@ def write_report(directory: Path | str) -> Path:
     if not pos.empty:
         plot_positions(pos, directory / "positions.png")
         md += ["## Loss by position", "", "![positions](positions.png)", ""]
-    if not speed.empty:
-        md += ["## Attention cost", "", speed_markdown(speed), ""]
-    path = directory / "report.md"
-    results.write_atomic(path, "\n".join(md) + "\n")
-    return path
     if not passkey.empty:
         from posbench.passkey import accuracy_markdown, plot_heatmaps
 
         md += ["## Passkey retrieval", "", "Exact-match accuracy of the key (higher is better), mean "
                "over key depths and seeds; the heatmaps show each depth.", "", accuracy_markdown(passkey), ""]
         md += [f"![{p.stem}]({p.name})" for p in plot_heatmaps(passkey, directory)] + [""]
+    if not speed.empty:
+        md += ["## Attention cost", "", speed_markdown(speed), ""]
+    path = directory / "report.md"
+    results.write_atomic(path, "\n".join(md) + "\n")
+    return path
 
 
 def _num(value, digits: int = 4) -> str:
