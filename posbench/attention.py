@@ -60,7 +60,7 @@ class AttnContext:
     pos: torch.Tensor  # (T,)
     backend: str
     shared: Any = None  # scheme.prepare(pos)
-    bias: torch.Tensor | None = None  # (H, T, T), materialized biases only
+    bias: torch.Tensor | None = None  # (H, T, T), the explicit path's materialized bias
     mask: torch.Tensor | None = None  # (H, T, T) float32, bias with -inf above the diagonal
     score_mod: Any = None
     block_mask: Any = None
@@ -114,11 +114,11 @@ def prepare(scheme, pos: torch.Tensor, backend: str) -> AttnContext:
 
             ctx.score_mod = score_mod
             ctx.block_mask = _causal_block_mask(pos.shape[0], str(pos.device))
+        elif backend == "sdpa-bias":  # only the mask is kept: at long lengths (H, T, T) is large
+            bias = scheme.bias(pos, ctx.shared).float()
+            ctx.mask = bias.masked_fill(causal_mask(pos.shape[0], pos.device), float("-inf"))
         else:
             ctx.bias = scheme.bias(pos, ctx.shared)
-            if backend == "sdpa-bias":
-                t = pos.shape[0]
-                ctx.mask = ctx.bias.float().masked_fill(causal_mask(t, pos.device), float("-inf"))
     return ctx
 
 
