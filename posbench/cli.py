@@ -174,6 +174,36 @@ def extrapolate(
 
 
 @app.command()
+def speed(
+    schemes: Optional[str] = typer.Option(None, help="comma-separated schemes (default: all); none always joins"),
+    task: Optional[str] = typer.Option(None, help="task whose [speed] settings are the defaults"),
+    lengths: Optional[str] = typer.Option(None, help="sequence lengths, e.g. 256,512,1024"),
+    batch_size: Optional[int] = typer.Option(None),
+    heads: Optional[int] = typer.Option(None),
+    head_dim: Optional[int] = typer.Option(None),
+    dtype: Optional[str] = typer.Option(None, help="float32 | bfloat16"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    backward: Optional[bool] = typer.Option(None, "--backward/--no-backward", help="time fwd+bwd too"),
+    repeats: Optional[int] = typer.Option(None, help="timed repeats per measurement"),
+    out: Path = typer.Option(Path("runs"), help="where speed.csv and speed.png go"),
+):
+    """Time each scheme's attention layer (hooks included), forward and forward+backward."""
+    from posbench.speed import print_speed, run_speed
+
+    s = config.replace(
+        config.load_task(task).speed,
+        lengths=config.parse_int_list(lengths) if lengths else None, batch_size=batch_size,
+        heads=heads, head_dim=head_dim, dtype=dtype, backward=backward, repeats=repeats,
+    )
+    names = list(_split(schemes)) if schemes else None
+    rows = run_speed(schemes=names, lengths=s.lengths, batch_size=s.batch_size, heads=s.heads,
+                     head_dim=s.head_dim, dtype=s.dtype, device=device, backward=s.backward,
+                     repeats=s.repeats, out_dir=out)
+    print_speed(rows, console)
+    console.print(f"wrote {Path(out) / 'speed.csv'}, {Path(out) / 'speed.png'}")
+
+
+@app.command()
 def run(
     task: str = typer.Argument(..., help="task name in tasks/ or a TOML path"),
     shard: Optional[str] = typer.Option(None, help="I/N: run a deterministic 1/N slice of the grid"),

@@ -13,6 +13,7 @@ cannot run at a length yields a row with status `unsupported` and the reason.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -162,15 +163,22 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
     return rows, positions
 
 
+def bucket_edges(length: int, buckets: int) -> list[int]:
+    """Log-spaced bucket edges over window positions 0..length: fine near the start of the window,
+    where the early-token curse and the training length sit, coarse far out."""
+    raw = torch.logspace(0, math.log10(length), buckets).round().long().tolist()
+    return sorted({0, *raw, length})
+
+
 def position_rows(row: dict, total: torch.Tensor, count: torch.Tensor, buckets: int) -> list[dict]:
-    length = total.shape[0]
-    edges = torch.linspace(0, length, min(buckets, length) + 1).round().long().tolist()
+    edges = bucket_edges(total.shape[0], buckets)
     out = []
     for b, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])):
         n = float(count[lo:hi].sum())
         if n == 0:
             continue
-        out.append({k: row[k] for k in ("run_id", "scheme", "eval_len", "mode", "stride", "scaling", "extension")}
+        keep = ("run_id", "scheme", "train_len", "eval_len", "mode", "stride", "scaling", "extension")
+        out.append({k: row[k] for k in keep}
                    | {"bucket": b, "position_start": lo, "position_end": hi - 1, "tokens": int(n),
                       "loss": float(total[lo:hi].sum()) / n})
     return out

@@ -32,20 +32,17 @@ def extrapolation_frame(rows) -> pd.DataFrame:
     return df
 
 
-def ppl_table(rows, title: str = "perplexity (lower is better)") -> Table:
-    """Schemes x lengths; mean over seeds (+- std when several); best per column in bold green."""
+def ppl_grid(rows, mark) -> tuple[list[int], list[list[str]]]:
+    """Schemes x lengths cells: mean perplexity over seeds (+- std when several), the status where
+    there is no number, and `mark(text)` on the best (lowest) of each column."""
     df = extrapolation_frame(rows)
-    lengths = sorted(df["eval_len"].unique())
+    lengths = sorted(int(n) for n in df["eval_len"].unique())
     stats = df.groupby(["label", "eval_len"])["ppl"].agg(["mean", "std", "count"])
     status = df.groupby(["label", "eval_len"])["status"].first()
     best = stats["mean"].groupby(level="eval_len").min()
-    train_lens = sorted(df["train_len"].astype(int).unique())
-    table = Table(title=f"{title}; trained at {', '.join(map(str, train_lens))}")
-    table.add_column("scheme")
-    for n in lengths:
-        table.add_column(str(n), justify="right")
+    out = []
     for name in sorted(df["label"].unique(), key=lambda s: (s.split("+")[0], s)):
-        cells = []
+        cells = [name]
         for n in lengths:
             if (name, n) not in stats.index:
                 cells.append("")
@@ -54,10 +51,32 @@ def ppl_table(rows, title: str = "perplexity (lower is better)") -> Table:
             if math.isnan(m):
                 cells.append(str(status.loc[(name, n)]))
                 continue
-            text = f"{m:.2f}" + (f" ±{sd:.2f}" if c > 1 and not math.isnan(sd) else "")
-            cells.append(f"[bold green]{text}*[/]" if m == best.loc[n] else text)
-        table.add_row(name, *cells)
+            text = f"{m:.2f}" + (f" ± {sd:.2f}" if c > 1 and not math.isnan(sd) else "")
+            cells.append(mark(text) if m == best.loc[n] else text)
+        out.append(cells)
+    return lengths, out
+
+
+def ppl_table(rows, title: str = "perplexity (lower is better)") -> Table:
+    """The rich table: best per column in bold green with a star."""
+    lengths, cells = ppl_grid(rows, lambda text: f"[bold green]{text}*[/]")
+    train_lens = sorted(extrapolation_frame(rows)["train_len"].astype(int).unique())
+    table = Table(title=f"{title}; trained at {', '.join(map(str, train_lens))}")
+    table.add_column("scheme")
+    for n in lengths:
+        table.add_column(str(n), justify="right")
+    for row in cells:
+        table.add_row(*row)
     return table
+
+
+def line_style(i: int) -> dict:
+    """Distinct colour and marker for the i-th line (more lines than one colour cycle holds)."""
+    import matplotlib.pyplot as plt
+
+    colours = plt.get_cmap("tab20").colors
+    return {"color": colours[(2 * i) % 20 + (i // 10) % 2], "marker": "os^Dv<>ph*"[i % 10],
+            "markersize": 4}
 
 
 def plot_extrapolation(rows, path: Path) -> Path:
@@ -69,9 +88,9 @@ def plot_extrapolation(rows, path: Path) -> Path:
 
     df = extrapolation_frame(rows).dropna(subset=["ppl"])
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for name, g in sorted(df.groupby("label")):
+    for i, (name, g) in enumerate(sorted(df.groupby("label"))):
         g = g.groupby("eval_len")["ppl"].mean()
-        ax.plot(g.index, g.values, marker="o", label=name)
+        ax.plot(g.index, g.values, label=name, **line_style(i))
     for n in sorted(df["train_len"].astype(int).unique()):
         ax.axvline(n, color="grey", linestyle="--", linewidth=1)
         ax.text(n, ax.get_ylim()[1], f" train {n}", va="top", fontsize=8, color="grey")
@@ -104,11 +123,15 @@ def plot_positions(rows, path: Path, eval_len: int | None = None) -> Path:
     n = eval_len or int(df["eval_len"].max())
     df = df[df["eval_len"] == n]
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for name, g in sorted(df.groupby("label")):
+    for i, (name, g) in enumerate(sorted(df.groupby("label"))):
         g = g.groupby(["position_start", "position_end"])["loss"].mean().reset_index()
-        mid = (g["position_start"] + g["position_end"]) / 2
-        ax.plot(mid, g["loss"], marker=".", label=name)
-    ax.set_xlabel(f"position inside the window (window {n})")
+        mid = (g["position_start"] + g["position_end"]) / 2 + 1  # 1-based, for the log axis
+        ax.plot(mid, g["loss"], label=name, **line_style(i))
+    if "train_len" in df:
+        for t in sorted(df["train_len"].dropna().astype(int).unique()):
+            ax.axvline(t, color="grey", linestyle="--", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(f"position inside the window, 1-based (window {n}; dashed: training length)")
     ax.set_ylabel("mean loss (nats)")
     ax.set_title("Loss by position")
     ax.legend(fontsize=8, ncol=2)
@@ -127,27 +150,9 @@ def _markdown(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def ppl_markdown(df: pd.DataFrame) -> str:
-    """Schemes x lengths, mean +- std over seeds, best per column in bold."""
-    df = extrapolation_frame(df)
-    lengths = sorted(df["eval_len"].unique())
-    stats = df.groupby(["label", "eval_len"])["ppl"].agg(["mean", "std", "count"])
-    status = df.groupby(["label", "eval_len"])["status"].first()
-    best = stats["mean"].groupby(level="eval_len").min()
-    rows = []
-    for name in sorted(df["label"].unique(), key=lambda s: (s.split("+")[0], s)):
-        cells = [name]
-        for n in lengths:
-            if (name, n) not in stats.index:
-                cells.append("")
-                continue
-            m, sd, c = stats.loc[(name, n)]
-            if math.isnan(m):
-                cells.append(str(status.loc[(name, n)]))
-                continue
-            text = f"{m:.2f}" + (f" ± {sd:.2f}" if c > 1 and not math.isnan(sd) else "")
-            cells.append(f"**{text}**" if m == best.loc[n] else text)
-        rows.append(cells)
-    return _markdown(["scheme"] + [str(n) for n in lengths], rows)
+    """The markdown table: best per column in bold."""
+    lengths, cells = ppl_grid(df, lambda text: f"**{text}**")
+    return _markdown(["scheme"] + [str(n) for n in lengths], cells)
 
 
 def speed_markdown(df: pd.DataFrame) -> str:

@@ -40,8 +40,8 @@ TABLES: dict[str, dict[str, list[str]]] = {
     },
     "positions": {
         "key": ["run_id", "eval_len", "mode", "stride", "scaling", "extension", "bucket"],
-        "columns": ["run_id", "scheme", "eval_len", "mode", "stride", "scaling", "extension",
-                    "bucket", "position_start", "position_end", "tokens", "loss"],
+        "columns": ["run_id", "scheme", "train_len", "eval_len", "mode", "stride", "scaling",
+                    "extension", "bucket", "position_start", "position_end", "tokens", "loss"],
     },
     "passkey": {
         "key": ["run_id", "eval_len", "depth", "scaling", "extension"],

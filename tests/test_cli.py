@@ -68,3 +68,16 @@ def test_train_corrupt_checkpoint_cli(corpus_dir, tmp_path):
     (run_dir / "model.safetensors").unlink()
     proc = run_cli(*args, "--resume")
     assert proc.returncode == 2 and "corrupt checkpoint" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_speed_end_to_end(tmp_path, capsys):
+    args = ["speed", "--schemes", "alibi,rope", "--lengths", "16,32", "--heads", "2", "--head-dim", "8",
+            "--repeats", "2", "--device", "cpu", "--out", str(tmp_path)]
+    assert main(args) == 0
+    assert "ratio to none" in capsys.readouterr().out
+    rows = results.read_rows(tmp_path / "speed.csv")
+    assert len(rows) == 3 * 2 * 2  # none joins; two lengths; fwd and fwd+bwd
+    assert all(float(r["ratio_vs_none"]) == 1.0 for r in rows if r["scheme"] == "none")
+    assert (tmp_path / "speed.png").exists()
+    assert main(args) == 0 and len(results.read_rows(tmp_path / "speed.csv")) == 12  # keyed: no duplicates
+    assert main(["speed", "--schemes", "alibbi"]) == 2
