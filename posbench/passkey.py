@@ -14,14 +14,16 @@ where filler is "The grass is green. ... There and back again. " repeated and cu
 (tokens with the bytes tokenizer). The spec's options, comma-separated after ``passkey:``:
 ``SEED`` (or ``seed=SEED``), ``MIN-MAX`` (or ``len=MIN-MAX``), ``digits=N``, ``docs=N``. The
 default, ``passkey`` = ``passkey:seed=0,len=128-256,digits=5,docs=40000``, suits a training
-length of 256: most documents fit a training window whole.
+length of 256 bytes, or 128 tokens of a 300-token BPE: most documents fit a training window whole.
 
 Evaluation: a trial at length L is a sequence of exactly L tokens, prompt and answer together:
-filler, the key sentence after a fraction `depth` of the filler, the question, then the answer
-(the `digits` digits with the bytes tokenizer). The model reads the prompt and greedily generates
-the answer, re-reading the whole window at every step (no cache), so the last digit is predicted
-from L - 1 tokens and no window is ever longer than L. A hit is an exact match of the generated
-number; accuracy = hits / trials per (length, depth). Keys come from a generator seeded by the
+filler, the key sentence after a fraction `depth` of the filler (0: first, 1: just before the
+question), the question ending in "The pass key is ", then the answer (the `digits` digits with
+the bytes tokenizer). The model reads the whole trial in one forward (teacher forcing), and a hit
+is every answer token being the model's argmax given the tokens before it: for a causal model
+that is exactly whether greedy decoding after the prompt spells the key, at one forward instead of
+one per digit. No window is longer than L, so L = the training length is in-length for every
+scheme. accuracy = hits / trials per (length, depth). Keys come from a generator seeded by the
 seed, the length and the depth, so every scheme answers the same prompts.
 """
 
@@ -186,31 +188,23 @@ class Prompter:
 
 
 @torch.inference_mode()
-def generate(model, prompts: torch.Tensor, steps: int, device, dtype: str) -> torch.Tensor:
-    """Greedy continuation (B, steps) of prompts (B, P), re-reading the whole window each step."""
-    x = prompts.to(device)
-    for _ in range(steps):
+def retrieved(model, trials: list[Trial], device, dtype: str = "float32") -> list[bool]:
+    """Whether the model's greedy answer to each trial (all of one length) is the key.
+
+    One forward over the whole trial, answer included (teacher forcing): a causal model's greedy
+    answer is the key exactly when every answer token is the argmax given the right tokens
+    before it, so this is greedy decoding's verdict at a fifth of the cost of decoding."""
+    length = len(trials[0].tokens)
+    per = max(1, min(MAX_BATCH, ATTN_BYTES // (4 * model.cfg.n_heads * length * length)))
+    out = []
+    for i in range(0, len(trials), per):
+        chunk = trials[i: i + per]
+        tokens = torch.tensor([t.tokens for t in chunk], device=device)  # (B, L)
         with autocast(device, dtype):
-            logits = model(x)[:, -1]  # (B, V)
-        x = torch.cat([x, logits.argmax(-1, keepdim=True)], dim=1)
-    return x[:, prompts.shape[1]:].cpu()
-
-
-def count_hits(model, tokenizer, trials: list[Trial], device, dtype: str = "float32") -> int:
-    """Trials whose generated answer spells the key exactly."""
-    hits = 0
-    groups: dict[int, list[Trial]] = {}
-    for t in trials:
-        groups.setdefault(t.answer, []).append(t)
-    for answer, group in groups.items():
-        length = len(group[0].tokens)
-        per = max(1, min(MAX_BATCH, ATTN_BYTES // (4 * model.cfg.n_heads * length * length)))
-        for i in range(0, len(group), per):
-            chunk = group[i: i + per]
-            prompts = torch.tensor([t.tokens[:-answer] for t in chunk])
-            out = generate(model, prompts, answer, device, dtype)
-            hits += sum(tokenizer.decode(o.tolist()).strip() == t.key for o, t in zip(out, chunk))
-    return hits
+            guess = model(tokens).argmax(-1)  # (B, L): guess[:, p] predicts tokens[:, p + 1]
+        for b, t in enumerate(chunk):
+            out.append(bool((guess[b, -t.answer - 1: -1] == tokens[b, -t.answer:]).all()))
+    return out
 
 
 def run_tokenizer(run_dir: Path, spec: RunSpec):
@@ -263,19 +257,15 @@ def evaluate_run(run_dir: Path, cfg: PasskeyConfig, eval_cfg: EvalConfig, device
             common = {**base, "eval_len": length, "ratio": length / spec.train.train_len,
                       "scaling": variant.scaling_label, "extension": variant.extension,
                       "backend": model.backend or choose_backend(model.scheme, dev)}
-            reason = ""
-            for depth in cfg.depths:
-                row = {**common, "depth": float(depth)}
-                if reason:
-                    rows.append({**row, "status": "unsupported", "reason": reason})
-                    continue
-                try:
-                    hits = count_hits(model, tokenizer, cells[(length, depth)], dev, spec.train.dtype)
-                except PositionLimitError as e:
-                    reason = str(e)
-                    rows.append({**row, "status": "unsupported", "reason": reason})
-                    continue
-                rows.append({**row, "hits": hits, "accuracy": hits / cfg.trials, "status": "ok", "reason": ""})
+            try:  # every depth of a length in one batch
+                hit = retrieved(model, [t for d in cfg.depths for t in cells[(length, d)]], dev, spec.train.dtype)
+            except PositionLimitError as e:
+                rows += [{**common, "depth": float(d), "status": "unsupported", "reason": str(e)} for d in cfg.depths]
+                continue
+            for k, depth in enumerate(cfg.depths):
+                hits = sum(hit[k * cfg.trials: (k + 1) * cfg.trials])
+                rows.append({**common, "depth": float(depth), "hits": hits, "accuracy": hits / cfg.trials,
+                             "status": "ok", "reason": ""})
     return rows
 
 
@@ -392,7 +382,9 @@ def plot_heatmaps(rows, directory: Path | str) -> list[Path]:
         for i in range(len(depths)):
             for j in range(len(lengths)):
                 v = grid[i, j]
-                ax.text(j, i, "n/a" if math.isnan(v) else f"{100 * v:.0f}", ha="center", va="center", fontsize=9)
+                dark = not math.isnan(v) and (v < 0.15 or v > 0.85)  # the ends of the colour map
+                ax.text(j, i, "n/a" if math.isnan(v) else f"{100 * v:.0f}", ha="center", va="center",
+                        fontsize=9, color="white" if dark else "black")
         ax.set_xticks(range(len(lengths)), [_header(g, n) for n in lengths], fontsize=8)
         ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=8)
         ax.set_xlabel("prompt length (tokens)")

@@ -101,13 +101,13 @@ def test_bpe_prompts_are_exactly_the_length():
 
 
 class Oracle:
-    """Reads the key after the first "The pass key is " and spells it digit by digit; with
-    `wrong`, spells every digit plus one (mod 10)."""
+    """Reads the key after the first "The pass key is " and predicts it digit by digit after the
+    question; `wrong(key, k)` says which digits it gets wrong (plus one, mod 10)."""
 
     class cfg:
         n_heads = 1
 
-    def __init__(self, wrong: bool = False):
+    def __init__(self, wrong=lambda key, k: False):
         self.wrong = wrong
         self.widths = []
 
@@ -118,18 +118,38 @@ class Oracle:
             s = text(row)
             start = s.index("The pass key is ") + len("The pass key is ")
             key = s[start: start + 5]
-            done = len(s) - len(s.rstrip("0123456789"))  # digits generated so far
-            digit = (int(key[done]) + self.wrong) % 10
-            logits[b, -1, ord(str(digit))] = 1.0
+            asked = s.index(passkey.QUESTION) + len(passkey.QUESTION)
+            for k in range(min(5, len(s) - asked + 1)):  # position asked - 1 + k predicts digit k
+                digit = (int(key[k]) + self.wrong(key, k)) % 10
+                logits[b, asked - 1 + k, ord(str(digit))] = 1.0
         return logits
 
 
-def test_oracle_scores_one_and_a_wrong_model_zero():
+def greedy_hits(model, trials) -> list[bool]:
+    """The reference: decode the answer token by token after the prompt."""
+    out = []
+    for t in trials:
+        x = torch.tensor([t.tokens[:-t.answer]])
+        for _ in range(t.answer):
+            x = torch.cat([x, model(x)[:, -1].argmax(-1, keepdim=True)], dim=1)
+        out.append(x[0, -t.answer:].tolist() == t.tokens[-t.answer:])
+    return out
+
+
+def test_oracle_scores_one_and_wrong_models_zero():
     trials = passkey.Prompter(ByteTokenizer()).trials(200, 0.5, 6, 5, seed=0)
     oracle = Oracle()
-    assert passkey.count_hits(oracle, ByteTokenizer(), trials, "cpu") == 6
-    assert max(oracle.widths) == 199 and min(oracle.widths) == 195  # never wider than the length
-    assert passkey.count_hits(Oracle(wrong=True), ByteTokenizer(), trials, "cpu") == 0
+    assert passkey.retrieved(oracle, trials, "cpu") == [True] * 6
+    assert oracle.widths == [200]  # one forward of exactly the length
+    assert passkey.retrieved(Oracle(lambda key, k: True), trials, "cpu") == [False] * 6
+    assert passkey.retrieved(Oracle(lambda key, k: k == 4), trials, "cpu") == [False] * 6  # last digit
+
+
+def test_one_forward_gives_the_greedy_verdict():
+    trials = passkey.Prompter(ByteTokenizer()).trials(150, 0.25, 40, 5, seed=3)
+    sometimes = Oracle(lambda key, k: k == 2 and int(key[0]) % 2 == 1)  # wrong for some keys only
+    verdicts = passkey.retrieved(sometimes, trials, "cpu")
+    assert verdicts == greedy_hits(sometimes, trials) and 0 < sum(verdicts) < len(trials)
 
 
 # --- end to end ----------------------------------------------------------------------------
