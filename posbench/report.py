@@ -127,8 +127,8 @@ def plot_positions(rows, path: Path, eval_len: int | None = None) -> Path:
         g = g.groupby(["position_start", "position_end"])["loss"].mean().reset_index()
         mid = (g["position_start"] + g["position_end"]) / 2 + 1  # 1-based, for the log axis
         ax.plot(mid, g["loss"], label=name, **line_style(i))
-    if "train_len" in df:
-        for t in sorted(df["train_len"].dropna().astype(int).unique()):
+    if "train_len" in df:  # rows written before the column existed have it empty
+        for t in sorted(pd.to_numeric(df["train_len"], errors="coerce").dropna().astype(int).unique()):
             ax.axvline(t, color="grey", linestyle="--", linewidth=1)
     ax.set_xscale("log", base=2)
     ax.set_xlabel(f"position inside the window, 1-based (window {n}; dashed: training length)")
