@@ -28,6 +28,18 @@ class ModelConfig:
     mlp_ratio: int = 4
 
 
+def embed_inputs(scheme: Scheme, tok: nn.Embedding | None, idx: torch.Tensor, pos: torch.Tensor):
+    """Token embeddings (unless the scheme builds its own), then the scheme's input and mixer
+    hooks: what the first block sees, (B, T, d)."""
+    scheme.check_positions(pos)
+    x = tok(idx) if tok is not None else None
+    if "input" in scheme.hooks:
+        x = scheme.embed(x, idx, pos)
+    if "mixer" in scheme.hooks:
+        x = scheme.mix(x)
+    return x
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -98,12 +110,7 @@ class Transformer(nn.Module):
         if pos is None:
             pos = torch.arange(t, device=idx.device)
         scheme = self.scheme
-        scheme.check_positions(pos)
-        x = self.tok(idx) if self.tok is not None else None  # (B, T, d)
-        if "input" in scheme.hooks:
-            x = scheme.embed(x, idx, pos)
-        if "mixer" in scheme.hooks:
-            x = scheme.mix(x)
+        x = embed_inputs(scheme, self.tok, idx, pos)  # (B, T, d)
         backend = self.backend or attention.choose_backend(scheme, idx.device)
         ctx = attention.prepare(scheme, pos, backend)
         for block in self.blocks:

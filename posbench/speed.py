@@ -46,7 +46,7 @@ from torch.utils._pytree import tree_leaves
 from posbench import attention, results
 from posbench.config import DTYPES, check_lengths, parse_int_list
 from posbench.errors import PosbenchError, did_you_mean
-from posbench.model import Attention, ModelConfig
+from posbench.model import Attention, ModelConfig, embed_inputs
 from posbench.schemes import SCHEMES, Dims, Scheme, get_scheme
 from posbench.train import autocast, resolve_device
 
@@ -70,12 +70,7 @@ class SchemeLayer(nn.Module):
     def forward(self, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """idx (B, T), pos (T,) -> (B, T, d)."""
         scheme = self.scheme
-        scheme.check_positions(pos)
-        x = self.tok(idx) if self.tok is not None else None  # (B, T, d)
-        if "input" in scheme.hooks:
-            x = scheme.embed(x, idx, pos)
-        if "mixer" in scheme.hooks:
-            x = scheme.mix(x)
+        x = embed_inputs(scheme, self.tok, idx, pos)  # (B, T, d)
         ctx = attention.prepare(scheme, pos, self.backend(idx.device))
         return self.attn(x, scheme, ctx)
 
