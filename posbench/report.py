@@ -161,7 +161,10 @@ def speed_markdown(df: pd.DataFrame) -> str:
     df["ratio_vs_none"] = pd.to_numeric(df["ratio_vs_none"])
     df["seq_len"] = df["seq_len"].astype(int)
     parts = []
-    for (pass_, device, dtype), g in df.groupby(["pass", "device", "dtype"]):
+    # One table per configuration: rows of several shapes or machines must not share a cell.
+    shape = [c for c in ("batch", "heads", "head_dim", "device_name") if c in df]
+    for (pass_, device, dtype, *config), g in df.groupby(["pass", "device", "dtype", *shape]):
+        where = ", ".join(f"{k} {v}" for k, v in zip(shape, config))
         lengths = sorted(g["seq_len"].unique())
         rows = []
         for scheme, s in g.groupby("scheme"):
@@ -169,7 +172,7 @@ def speed_markdown(df: pd.DataFrame) -> str:
             rows.append([f"{scheme} ({s['backend'].iloc[0]})"] + [
                 f"{by.loc[n, 'median_ms']:.2f} ms ({by.loc[n, 'ratio_vs_none']:.2f}x)" if n in by.index else ""
                 for n in lengths])
-        parts.append(f"**{pass_}**, {device}, {dtype} (median; ratio to `none`, lower is better)\n\n"
+        parts.append(f"**{pass_}**, {device}, {dtype}, {where} (median; ratio to `none`, lower is better)\n\n"
                      + _markdown(["scheme"] + [str(n) for n in lengths], rows))
     return "\n\n".join(parts)
 
