@@ -286,9 +286,15 @@ class TrainResult:
 
 
 def _write_log(run_dir: Path, rows: list[dict[str, Any]]) -> None:
+    # Losses at full precision: a resumed run's final_train_loss averages logged values, and
+    # must equal the uninterrupted run's.
+    def cell(column: str, value: Any) -> str:
+        exact = column in ("loss", "val_loss") and isinstance(value, float)
+        return repr(value) if exact else results._fmt(value)
+
     lines = [",".join(LOG_COLUMNS)]
     for r in rows:
-        lines.append(",".join(results._fmt(r.get(c)) for c in LOG_COLUMNS))
+        lines.append(",".join(cell(c, r.get(c)) for c in LOG_COLUMNS))
     results.write_atomic(run_dir / "log.csv", "\n".join(lines) + "\n")
 
 
