@@ -4,11 +4,14 @@
 import pytest
 import torch
 
+from conftest import tiny_model
 from posbench import config, passkey, results
 from posbench.cli import main
 from posbench.data import BPETokenizer, ByteTokenizer, load_corpus
 from posbench.errors import PosbenchError
 from posbench.grid import run_task
+from posbench.schemes import SCHEMES
+from posbench.schemes.base import PositionLimitError
 
 SPEC = "passkey:docs=200,len=110-200"
 
@@ -150,6 +153,25 @@ def test_one_forward_gives_the_greedy_verdict():
     sometimes = Oracle(lambda key, k: k == 2 and int(key[0]) % 2 == 1)  # wrong for some keys only
     verdicts = passkey.retrieved(sometimes, trials, "cpu")
     assert verdicts == greedy_hits(sometimes, trials) and 0 < sum(verdicts) < len(trials)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_every_scheme_answers_at_every_length(name):
+    """Every registered scheme scores passkey prompts at 1x and 2x its training length, or says
+    (PositionLimitError -> an `unsupported` row) that it has no positions there."""
+    model = tiny_model(name, train_len=128, vocab=257)
+    prompter = passkey.Prompter(ByteTokenizer())
+    for length in (128, 256):
+        trials = [t for d in (0.0, 1.0) for t in prompter.trials(length, d, 1, 5, seed=0)]
+        limit = model.scheme.position_limit()
+        if limit is not None and length > limit:
+            with pytest.raises(PositionLimitError):
+                passkey.retrieved(model, trials, "cpu")
+            continue
+        verdicts = passkey.retrieved(model, trials, "cpu")
+        assert len(verdicts) == 2 and all(isinstance(v, bool) for v in verdicts)
+        if length == 128:  # the one-forward verdict is greedy decoding's, for this scheme too
+            assert verdicts == greedy_hits(model, trials)
 
 
 # --- end to end ----------------------------------------------------------------------------
