@@ -13,7 +13,7 @@ from posbench import results
 from posbench.config import Task
 from posbench.data import load_tokens
 from posbench.errors import PosbenchError
-from posbench.train import FINAL, RunSpec, load_trained, train
+from posbench.train import FINAL, RunSpec, load_trained, resolve_device, train
 
 
 def parse_shard(text: str | None) -> tuple[int, int]:
@@ -119,15 +119,26 @@ def run_passkey(task: Task, out: Path, specs: list[RunSpec], device: str, done: 
 
 
 def run_speed_once(task: Task, out: Path, device: str, log) -> int:
-    """Kernel timing for the task's schemes, once per output directory (shard 1 only: timings from
-    different machines are not comparable)."""
-    try:
-        from posbench.speed import run_speed
-    except ImportError:
-        return 0
-    if results.read_rows(results.table_path(out, "speed")):
-        return 0
+    """Kernel timing for the task's schemes (shard 1 only: timings from different machines are not
+    comparable). Skipped when speed.csv already holds this machine's row for every scheme, length
+    and pass of the task; otherwise the whole set is timed again, so every ratio_vs_none compares
+    timings of one run."""
+    from posbench.speed import BASELINE, PASSES, device_name, run_speed
+
     s = task.speed
+    wanted = {
+        (name, str(n), p)
+        for name in {*task.schemes, BASELINE} for n in s.lengths for p in (PASSES if s.backward else PASSES[:1])
+    }
+    here = {"device_name": device_name(resolve_device(device)), "dtype": s.dtype,
+            "batch": str(s.batch_size), "heads": str(s.heads), "head_dim": str(s.head_dim)}
+    have = {
+        (r["scheme"], r["seq_len"], r["pass"])
+        for r in results.read_rows(results.table_path(out, "speed"))
+        if all(r.get(k) == v for k, v in here.items())
+    }
+    if wanted <= have:
+        return 0
     log("speed")
     rows = run_speed(schemes=list(task.schemes), lengths=list(s.lengths), batch_size=s.batch_size,
                      heads=s.heads, head_dim=s.head_dim, dtype=s.dtype, device=device,

@@ -167,3 +167,19 @@ def test_refresh_baseline_script(full_run, tmp_path):
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in dest.iterdir()) == ["extrapolation.csv", "provenance.json", "runs.csv"]
     assert main(["compare", str(dest), str(src)]) == 0
+
+
+def test_speed_step_times_again_only_what_is_missing(task_file, tmp_path):
+    import dataclasses
+
+    from posbench.grid import run_speed_once
+
+    task = config.load_task(str(task_file))
+    out = tmp_path / "out"
+    first = run_speed_once(task, out, "cpu", lambda _: None)
+    assert first == 3 * 2  # none, rope, learned x fwd, fwd+bwd at one length
+    assert run_speed_once(task, out, "cpu", lambda _: None) == 0  # all there: skipped
+    longer = dataclasses.replace(task, speed=dataclasses.replace(task.speed, lengths=(32, 48)))
+    assert run_speed_once(longer, out, "cpu", lambda _: None) == 3 * 2 * 2  # a new length: the set again
+    rows = results.read_rows(out / "speed.csv")
+    assert len(rows) == 12 and len({(r["scheme"], r["pass"], r["seq_len"]) for r in rows}) == 12
