@@ -63,11 +63,26 @@ def test_recurrent_table_with_forced_dynamics_is_the_sinusoidal_table():
     assert torch.allclose(table.double(), sinusoid_closed_form(64, D), atol=1e-4)
 
 
+def test_recurrent_starts_at_the_sinusoidal_solution():
+    """At initialization the learned rotation has the sinusoidal frequencies and the MLP is
+    near zero: the table is the sinusoidal one, and its norm stays bounded far past T."""
+    scheme = SCHEMES["recurrent"](dims(substeps=16)).eval()
+    with torch.no_grad():
+        exact = scheme.positions(torch.arange(64))
+    assert torch.allclose(exact.double(), sinusoid_closed_form(64, D), atol=1e-4)
+    fresh = SCHEMES["recurrent"](dims()).eval()
+    with torch.no_grad():
+        norms = fresh.positions(torch.arange(1024)).norm(dim=-1)
+    assert norms.max() < 1.5 * math.sqrt(D / 2)  # sinusoid rows have norm sqrt(d/2); no drift
+
+
 def test_recurrent_constant_dynamics_integrate_exactly():
-    """With h_theta's output layer forced to a constant c, p_k = p_0 + c k delta."""
+    """With the rotation off and h_theta's output layer forced to a constant c,
+    p_k = p_0 + c k delta."""
     scheme = SCHEMES["recurrent"](dims(delta=0.5)).eval()
     c = torch.linspace(-1, 1, D)
     with torch.no_grad():
+        scheme.dynamics.frequency.zero_()
         scheme.dynamics.out.weight.zero_()
         scheme.dynamics.out.bias.copy_(c)
         table = scheme.positions(torch.arange(20))
@@ -84,6 +99,8 @@ def test_recurrent_rows_do_not_depend_on_how_many_are_built():
 
 def test_recurrent_gradient_path_equals_cached_path_and_reaches_every_parameter():
     scheme = SCHEMES["recurrent"](dims()).train()
+    with torch.no_grad():  # as after a first optimizer step: out at zero blocks inp's gradient
+        scheme.dynamics.out.weight.normal_(std=0.1)
     pos = torch.tensor([0, 3, 4, 9, 15])
     with_grad = scheme.positions(pos)
     with_grad.square().sum().backward()
@@ -99,7 +116,7 @@ def test_recurrent_cache_is_rebuilt_when_a_parameter_changes():
     pos = torch.arange(10)
     with torch.no_grad():
         before = scheme.positions(pos)
-        scheme.dynamics.inp.weight.mul_(2)  # what an optimizer step or load_state_dict does
+        scheme.dynamics.frequency.mul_(2)  # what an optimizer step or load_state_dict does
         after = scheme.positions(pos)
         fresh = scheme.integrate(10)
     assert not torch.allclose(before, after)

@@ -108,29 +108,44 @@ def rk4(h, p0: torch.Tensor, n: int, delta: float, substeps: int = 1) -> torch.T
 
 
 class Dynamics(nn.Module):
-    """h_theta(p, t): [p, t] (d + 1) -> tanh hidden layer -> (d,)."""
+    """h_theta(p, t) = A p + g(p, t) for p (d,), d even.
 
-    def __init__(self, dim: int, hidden: int):
+    A is block-diagonal with 2x2 blocks [[0, w_i], [-w_i, 0]], the frequencies w_i learned and
+    initialized to the sinusoidal ones (base^(-2i/d)): with g = 0 and p(0) = (0, 1, 0, 1, ...)
+    the solution is the sinusoidal table, the "particular solution" FLOATER contains. g is the
+    free-form part: [p, t] (d + 1) -> tanh hidden layer -> (d,), its output layer initialized
+    to zero so training starts from the sinusoids and learns the correction. (A tanh MLP
+    alone, randomly initialized, has a non-zero mean drift: |p_k| then grows linearly in k and
+    drowns the token embeddings within the training length.)
+    """
+
+    def __init__(self, dim: int, hidden: int, base: float):
         super().__init__()
+        self.frequency = nn.Parameter(base ** (-torch.arange(0, dim, 2, dtype=torch.float32) / dim))
         self.inp = nn.Linear(dim + 1, hidden)
         self.out = nn.Linear(hidden, dim)
+        nn.init.zeros_(self.out.weight)  # g = 0 at the start; inp learns once out has moved
+        nn.init.zeros_(self.out.bias)
 
     def forward(self, p: torch.Tensor, t: float) -> torch.Tensor:
+        sin, cos = p[0::2], p[1::2]
+        rotation = torch.stack([self.frequency * cos, -self.frequency * sin], dim=-1).flatten()
         pt = torch.cat([p, p.new_full((1,), t)])
-        return self.out(torch.tanh(self.inp(pt)))
+        return rotation + self.out(torch.tanh(self.inp(pt)))
 
 
 @register
 class Recurrent(Scheme):
     """FLOATER (Liu et al., ICML 2020): positions from a neural ODE, dp/dt = h_theta(p_t, t),
-    h_theta a small MLP (`Dynamics`), p(0) learned; p_k = p(k * delta), h_k = x_k + p_k.
+    p(0) learned; p_k = p(k * delta), h_k = x_k + p_k. h_theta (`Dynamics`) is a learned
+    block rotation plus a small tanh MLP; it starts as the rotation by the sinusoidal
+    frequencies, with p(0) = (0, 1, 0, 1, ...), whose solution at delta = 1 is the sinusoidal
+    table (the "particular solution" of seed 000), and training moves it from there.
 
     Integrated by fixed-step RK4 (`rk4`), so the positions extend to any length and row k does
-    not depend on how many rows are built. With h = A p, A block-diagonal 2x2 rotations by the
-    sinusoidal frequencies, and delta = 1, the solution is the sinusoidal table (the "particular
-    solution" of seed 000). While gradients flow, the table (max(pos) + 1, d) is integrated afresh
-    in every forward; without them it is cached and grown, and rebuilt whenever a parameter has
-    changed (its version counter moved).
+    not depend on how many rows are built. While gradients flow, the table (max(pos) + 1, d) is
+    integrated afresh in every forward; without them it is cached and grown, and rebuilt
+    whenever a parameter has changed (its version counter moved).
     """
 
     name = "recurrent"
@@ -139,15 +154,18 @@ class Recurrent(Scheme):
     reference = "Liu et al. 2020, arXiv:2003.09229"
     extrapolates = "yes"
     notes = (
-        "FLOATER ODE, fixed-step RK4 to t = k*delta; added once at the input (the paper also "
-        "re-injects positions in every block); sequential: cost grows with the largest position"
+        "FLOATER ODE, fixed-step RK4 to t = k*delta, h = learned rotation + tanh MLP, starting "
+        "at the sinusoidal solution; added once at the input (the paper also re-injects "
+        "positions in every block); sequential: cost grows with the largest position"
     )
-    defaults = {"hidden": 32, "delta": 1.0, "substeps": 1}
+    defaults = {"hidden": 32, "delta": 1.0, "substeps": 1, "base": 10000.0}
 
     def __init__(self, dims):
         super().__init__(dims)
-        self.p0 = nn.Parameter(torch.randn(dims.d_model) * 0.5)
-        self.dynamics = Dynamics(dims.d_model, self.p["hidden"])
+        if dims.d_model % 2:
+            raise PosbenchError(f"{self.name} needs an even model width, got {dims.d_model}")
+        self.p0 = nn.Parameter(torch.arange(dims.d_model).remainder(2).float())  # (sin 0, cos 0, ...)
+        self.dynamics = Dynamics(dims.d_model, self.p["hidden"], self.p["base"])
         self.table = GrowingTable(lambda n, dev: self.integrate(n))
         self._versions: tuple = ()
 
