@@ -152,7 +152,7 @@ class Recurrent(Scheme):
     family = "absolute"
     hooks = ("input",)
     reference = "Liu et al. 2020, arXiv:2003.09229"
-    extrapolates = "yes"
+    extrapolates = "no"
     notes = (
         "FLOATER ODE, fixed-step RK4 to t = k*delta, h = learned rotation + tanh MLP, starting "
         "at the sinusoidal solution; added once at the input (the paper also re-injects "
@@ -232,7 +232,7 @@ class ComplexOrder(Scheme):
     family = "absolute"
     hooks = ("input",)
     reference = "Wang et al. 2020, arXiv:1912.12333"
-    extrapolates = "yes"
+    extrapolates = "no"
     owns_token_embedding = True
     notes = (
         "real and imaginary parts concatenated into the real-valued model; the paper's fully "
