@@ -150,9 +150,21 @@ def test_task_files_are_strict(tmp_path):
 def test_shipped_tasks_validate(capsys):
     assert main(["tasks", "--validate"]) == 0
     out = capsys.readouterr().out
-    for name in ("quick", "ci", "standard", "wikitext103"):
+    for name in ("quick", "ci", "standard", "wikitext103", "passkey", "catalogue"):
         assert name in out
     assert config.load_task("quick") == config.Task()  # the dataclass defaults are the quick task
+
+
+def test_catalogue_task_is_every_scheme_on_the_quick_settings():
+    import dataclasses
+
+    from posbench.schemes import SCHEMES
+
+    quick, whole = config.load_task("quick"), config.load_task("catalogue")
+    assert sorted(whole.schemes) == sorted(SCHEMES)
+    assert (whole.data, whole.model, whole.train) == (quick.data, quick.model, quick.train)
+    assert dataclasses.replace(whole.eval, rope_scaling=quick.eval.rope_scaling,
+                               learned_extension=quick.eval.learned_extension) == quick.eval
 
 
 def test_refresh_baseline_script(full_run, tmp_path):
