@@ -8,10 +8,13 @@ angles, the float mask, FlexAttention's score_mod and BlockMask), then one `mode
 (qkv projection, qk hook, the attention path with any logits/values hooks, output projection).
 No LayerNorm, MLP or output head, so the differences between rows are the schemes'.
 
-- Timing: `WARMUP` calls first (compilation included), then about `repeats` blocks of calls,
-  each block lasting at least `MIN_BLOCK_S`; median_ms and iqr_ms are per call, over the blocks.
-  CUDA: CUDA events around each block. CPU: torch.utils.benchmark.Timer.blocked_autorange with
-  num_threads=torch.get_num_threads() (the Timer's default is one thread).
+- Timing: `WARMUP` calls of every scheme first (compilation included; the last one sizes its
+  blocks to last at least `MIN_BLOCK_S`), then `repeats` rounds in which every scheme of the
+  same length and pass times one block in turn; median_ms and iqr_ms are per call, over the
+  blocks. Taking turns block by block puts a slow spell of the machine (another process, the
+  allocator returning a previous scheme's memory) on every scheme alike instead of on whichever
+  was being timed, so ratio_vs_none stays honest. CUDA: CUDA events around each block. CPU:
+  perf_counter around each block, at torch's current thread count.
 - `fwd` runs under torch.no_grad(), as evaluation does; `fwd+bwd` runs the forward with autograd,
   then the gradients of every parameter by torch.autograd.grad (none accumulate between calls).
   FLOATER-style schemes whose position table depends on learned weights pay for rebuilding it
@@ -197,6 +200,9 @@ def run_speed(
         pos = torch.arange(n, device=dev)
         grad_out = torch.randn(batch_size, n, cfg.d_model, generator=gen).to(dev)
         for pass_ in passes:
+            calls = {name: _call(layer, idx, pos, grad_out, pass_, dtype)
+                     for name, layer in layers.items() if not isinstance(layer, Exception)}
+            measured = _measure(calls, dev, repeats)
             for name in names:
                 layer = layers[name]
                 row = {**base, "scheme": name, "pass": pass_, "seq_len": n}
@@ -204,8 +210,7 @@ def run_speed(
                     row.update(backend="", **_failure(layer))
                 else:
                     row["backend"] = layer.backend(dev)
-                    call = _call(layer, idx, pos, grad_out, pass_, dtype)
-                    row.update(_measure(call, dev, repeats))
+                    row.update(measured[name])
                 if row["status"] == "ok":
                     row["reason"] = _note(layer.scheme, dims)
                     seconds = row["median_ms"] / 1e3
@@ -255,52 +260,78 @@ def _call(layer, idx, pos, grad_out, pass_, dtype) -> Callable[[], Any]:
     return fwd if pass_ == "fwd" else fwd_bwd
 
 
-def _measure(call: Callable[[], Any], dev: torch.device, repeats: int) -> dict[str, Any]:
-    """status, median_ms, iqr_ms, peak_mem_mb; or status and reason if the call fails."""
-    try:
-        times = _time(call, dev, repeats)
-        peak = _peak_bytes(call, dev)
-    except Exception as e:  # e.g. out of memory, or a position past a table
+def _measure(calls: dict[str, Callable[[], Any]], dev: torch.device,
+             repeats: int) -> dict[str, dict[str, Any]]:
+    """Per scheme: status, median_ms, iqr_ms, peak_mem_mb; or status and reason if its call
+    fails (out of memory, a position past a table). The schemes take turns, one block each per
+    round (module docstring)."""
+    number: dict[str, int] = {}
+    times: dict[str, list[float]] = {}
+    out: dict[str, dict[str, Any]] = {}
+
+    def failed(name: str, e: Exception) -> None:
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-        return _failure(e)
-    q1, _, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else (times[0],) * 3
-    return {"status": "ok", "median_ms": statistics.median(times) * 1e3,
-            "iqr_ms": (q3 - q1) * 1e3, "peak_mem_mb": peak / 2**20}
+        out[name] = _failure(e)
+        number.pop(name, None)
+
+    for name, call in calls.items():
+        try:
+            number[name] = _warm_up(call, dev)
+            times[name] = []
+        except Exception as e:
+            failed(name, e)
+    for _ in range(repeats):
+        for name in list(number):
+            try:
+                times[name].append(_block(calls[name], dev, number[name]))
+            except Exception as e:
+                failed(name, e)
+    for name in list(number):
+        try:
+            peak = _peak_bytes(calls[name], dev)
+        except Exception as e:
+            failed(name, e)
+            continue
+        ts = times[name]
+        q1, _, q3 = statistics.quantiles(ts, n=4) if len(ts) > 1 else (ts[0],) * 3
+        out[name] = {"status": "ok", "median_ms": statistics.median(ts) * 1e3,
+                     "iqr_ms": (q3 - q1) * 1e3, "peak_mem_mb": peak / 2**20}
+    return out
 
 
-def _time(call: Callable[[], Any], dev: torch.device, repeats: int) -> list[float]:
-    """Seconds per call, one value per block, about `repeats` blocks, after `WARMUP` calls (the
-    last one sizes the blocks: at least `MIN_BLOCK_S` each)."""
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _warm_up(call: Callable[[], Any], dev: torch.device) -> int:
+    """Run `WARMUP` calls; return how many calls make a block of at least `MIN_BLOCK_S`, sized
+    on the last one."""
     for _ in range(WARMUP - 1):
         call()
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+    _sync(dev)
     began = time.perf_counter()
     call()
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+    _sync(dev)
     once = max(time.perf_counter() - began, 1e-9)
-    if dev.type == "cuda":
-        number = max(1, math.ceil(MIN_BLOCK_S / once))
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(repeats):
-            start.record()
-            for _ in range(number):
-                call()
-            end.record()
-            torch.cuda.synchronize(dev)
-            times.append(start.elapsed_time(end) / 1e3 / number)
-        return times
-    from torch.utils import benchmark
+    return max(1, math.ceil(MIN_BLOCK_S / once))
 
-    # blocked_autorange sizes its blocks itself and runs until min_run_time is spent; unlike
-    # timeit it does not warm up again before every block
-    timer = benchmark.Timer(stmt="call()", globals={"call": call},
-                            num_threads=torch.get_num_threads())
-    run_time = (repeats - 0.5) * max(once, MIN_BLOCK_S)
-    return list(timer.blocked_autorange(min_run_time=run_time).times)
+
+def _block(call: Callable[[], Any], dev: torch.device, number: int) -> float:
+    """Seconds per call over one block of `number` calls."""
+    if dev.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(number):
+            call()
+        end.record()
+        torch.cuda.synchronize(dev)
+        return start.elapsed_time(end) / 1e3 / number
+    began = time.perf_counter()
+    for _ in range(number):
+        call()
+    return (time.perf_counter() - began) / number
 
 
 def _peak_bytes(call: Callable[[], Any], dev: torch.device) -> int:

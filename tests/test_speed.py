@@ -161,3 +161,33 @@ def test_speed_table_script(tmp_path, capsys):
     assert len(results.read_rows(tmp_path / "speed.csv")) == 8
     assert script.main(tiny[:2] + ["--lengths", "16,1"]) == 2
     assert "lengths must be >= 2" in capsys.readouterr().err
+
+
+def test_schemes_take_turns_block_by_block(monkeypatch):
+    """Every scheme of a (length, pass) times one block per round, so a slow spell of the machine
+    lands on all of them; a scheme that fails becomes its own row and the others go on."""
+    import itertools
+    import time
+
+    monkeypatch.setattr(speed, "WARMUP", 2)
+    monkeypatch.setattr(speed, "MIN_BLOCK_S", 0.004)
+    order = []
+
+    def sleeper(name, seconds):
+        def call():
+            order.append(name)
+            time.sleep(seconds)
+        return call
+
+    def broken():
+        order.append("c")
+        raise RuntimeError("kernel refused")
+
+    calls = {"a": sleeper("a", 0.001), "b": sleeper("b", 0.002), "c": broken}
+    out = speed._measure(calls, torch.device("cpu"), repeats=3)
+    runs = [name for name, _ in itertools.groupby(order)]
+    # warm-ups (a, a, b, b, one failing c), then 3 rounds of a-block, b-block, then each peak call
+    assert runs == ["a", "b", "c"] + ["a", "b"] * 3 + ["a", "b"]
+    assert out["c"] == {"status": "failed", "reason": "RuntimeError: kernel refused"}
+    assert out["a"]["status"] == out["b"]["status"] == "ok"
+    assert 0.9 < out["a"]["median_ms"] < 3.0 and out["b"]["median_ms"] > out["a"]["median_ms"]
