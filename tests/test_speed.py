@@ -190,4 +190,4 @@ def test_schemes_take_turns_block_by_block(monkeypatch):
     assert runs == ["a", "b", "c"] + ["a", "b"] * 3 + ["a", "b"]
     assert out["c"] == {"status": "failed", "reason": "RuntimeError: kernel refused"}
     assert out["a"]["status"] == out["b"]["status"] == "ok"
-    assert 0.9 < out["a"]["median_ms"] < 3.0 and out["b"]["median_ms"] > out["a"]["median_ms"]
+    assert out["a"]["median_ms"] >= 1.0 and out["b"]["median_ms"] >= 2.0  # per call, not per block
