@@ -190,4 +190,4 @@ def test_schemes_take_turns_block_by_block(monkeypatch):
     assert runs == ["a", "b", "c"] + ["a", "b"] * 3 + ["a", "b"]
     assert out["c"] == {"status": "failed", "reason": "RuntimeError: kernel refused"}
     assert out["a"]["status"] == out["b"]["status"] == "ok"
-    assert out["a"]["median_ms"] >= 1.0 and out["b"]["median_ms"] >= 2.0  # per call, not per block
+    assert out["a"]["median_ms"] > 0.95 and out["b"]["median_ms"] > 1.9  # per call, not per block
