@@ -153,11 +153,7 @@ def extrapolate(
         rope_scaling=_split(rope_scaling), rope_scaling_factor=scaling_factor,
         yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, learned_extension=_split(learned_extension),
     )
-    from posbench.schemes import get_scheme
-
-    names = _split(",".join(scheme)) if scheme else None
-    for name in names or ():
-        get_scheme(name)
+    names = _scheme_names(scheme)
     out_dir = out or runs_dir
     rows = evaluate.extrapolate(runs_dir, cfg, names, out_dir, device, progress=sys.stderr.isatty())
     console.print(report.ppl_table(rows, f"perplexity, {cfg.mode}"))
@@ -307,7 +303,6 @@ def passkey(
     """Passkey retrieval: accuracy of every trained run by prompt length and key depth; a table,
     passkey.csv and one heatmap per scheme."""
     from posbench import passkey as pk, results
-    from posbench.schemes import get_scheme
 
     t = config.load_task(task)
     try:
@@ -317,9 +312,7 @@ def passkey(
     cfg = config.replace(t.passkey, lengths=config.parse_int_list(lengths) if lengths else None,
                          depths=depth_list, trials=trials, digits=digits, seed=seed)
     eval_cfg = config.replace(t.eval, rope_scaling=_split(rope_scaling))
-    names = _split(",".join(scheme)) if scheme else None
-    for name in names or ():
-        get_scheme(name)
+    names = _scheme_names(scheme)
     out_dir = out or runs_dir
     rows = pk.evaluate(runs_dir, cfg, eval_cfg, names, out_dir, device, progress=sys.stderr.isatty())
     console.print(pk.accuracy_table(rows))
@@ -335,6 +328,16 @@ def _split(text: str | None) -> tuple[str, ...] | None:
     if not items:
         raise PosbenchError(f"empty list {text!r}")
     return items
+
+
+def _scheme_names(scheme: list[str] | None) -> tuple[str, ...] | None:
+    """--scheme values (repeatable or comma-separated), each checked against the registry."""
+    from posbench.schemes import get_scheme
+
+    names = _split(",".join(scheme)) if scheme else None
+    for name in names or ():
+        get_scheme(name)
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -49,9 +49,10 @@ def finished(out: Path, spec: RunSpec) -> bool:
     return ok and (out / spec.run_id / FINAL).exists()
 
 
-def evaluated(out: Path, expected: set[tuple[str, ...]]) -> bool:
-    key = results.TABLES["extrapolation"]["key"]
-    rows = results.read_rows(results.table_path(out, "extrapolation"))
+def evaluated(out: Path, table: str, expected: set[tuple[str, ...]]) -> bool:
+    """Whether out/<table>.csv already holds a row for every key of `expected`."""
+    key = results.TABLES[table]["key"]
+    rows = results.read_rows(results.table_path(out, table))
     return expected <= {tuple(r[k] for k in key) for r in rows}
 
 
@@ -83,7 +84,7 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
         for spec in specs:
             run_dir = out / spec.run_id
             _, model, _ = load_trained(run_dir)
-            if evaluated(out, evaluate.row_keys(spec, task.eval, model.scheme)):
+            if evaluated(out, "extrapolation", evaluate.row_keys(spec, task.eval, model.scheme)):
                 done["skipped_eval"] += 1
             else:
                 log(f"extrapolate {spec.run_id}")
@@ -104,12 +105,10 @@ def run_passkey(task: Task, out: Path, specs: list[RunSpec], device: str, done: 
     """Passkey retrieval of every run of the shard, skipping runs whose rows exist."""
     from posbench import passkey
 
-    key = results.TABLES["passkey"]["key"]
-    have = {tuple(r[k] for k in key) for r in results.read_rows(results.table_path(out, "passkey"))}
     for spec in specs:
         run_dir = out / spec.run_id
         _, model, _ = load_trained(run_dir)
-        if passkey.row_keys(spec, task.passkey, task.eval, model.scheme) <= have:
+        if evaluated(out, "passkey", passkey.row_keys(spec, task.passkey, task.eval, model.scheme)):
             done["skipped_passkey"] += 1
             continue
         log(f"passkey {spec.run_id}")

@@ -308,23 +308,11 @@ def accuracy_frame(rows):
     return df
 
 
-def _cells(df) -> tuple[list[int], list[tuple[str, list[str]]]]:
+def _cells(df) -> tuple[list[int], list[list[str]]]:
     """Schemes x lengths: accuracy (mean over depths and seeds) as text, or the status."""
-    lengths = sorted(df["eval_len"].unique())
-    mean = df.groupby(["label", "eval_len"])["accuracy"].mean()
-    status = df.groupby(["label", "eval_len"])["status"].first()
-    out = []
-    for name in sorted(df["label"].unique(), key=lambda s: (s.split("+")[0], s)):
-        cells = []
-        for n in lengths:
-            if (name, n) not in mean.index:
-                cells.append("")
-            elif math.isnan(mean.loc[(name, n)]):
-                cells.append(str(status.loc[(name, n)]))
-            else:
-                cells.append(f"{100 * mean.loc[(name, n)]:.0f}%")
-        out.append((name, cells))
-    return lengths, out
+    from posbench.report import label_grid
+
+    return label_grid(df, "accuracy", lambda n, m, sd, c: f"{100 * m:.0f}%")
 
 
 def _header(df, n: int) -> str:
@@ -342,17 +330,17 @@ def accuracy_table(rows, title: str = "passkey retrieval accuracy (mean over dep
     table.add_column("scheme")
     for n in lengths:
         table.add_column(_header(df, n), justify="right")
-    for name, cells in body:
-        table.add_row(name, *cells)
+    for cells in body:
+        table.add_row(*cells)
     return table
 
 
 def accuracy_markdown(rows) -> str:
+    from posbench.report import markdown_table
+
     df = accuracy_frame(rows)
     lengths, body = _cells(df)
-    lines = ["| scheme | " + " | ".join(_header(df, n) for n in lengths) + " |", "|" + "---|" * (len(lengths) + 1)]
-    lines += ["| " + " | ".join([name, *cells]) + " |" for name, cells in body]
-    return "\n".join(lines)
+    return markdown_table(["scheme"] + [_header(df, n) for n in lengths], body)
 
 
 def heatmap_name(label: str) -> str:

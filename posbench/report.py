@@ -32,14 +32,13 @@ def extrapolation_frame(rows) -> pd.DataFrame:
     return df
 
 
-def ppl_grid(rows, mark) -> tuple[list[int], list[list[str]]]:
-    """Schemes x lengths cells: mean perplexity over seeds (+- std when several), the status where
-    there is no number, and `mark(text)` on the best (lowest) of each column."""
-    df = extrapolation_frame(rows)
+def label_grid(df: pd.DataFrame, value: str, fmt) -> tuple[list[int], list[list[str]]]:
+    """Scheme variants (rows, by `label`) x evaluation lengths of `df[value]`: each row starts with
+    its label; a cell is fmt(length, mean, std, count) over the rows of that label and length, the
+    status where the value is missing (e.g. unsupported), empty where there is no row."""
     lengths = sorted(int(n) for n in df["eval_len"].unique())
-    stats = df.groupby(["label", "eval_len"])["ppl"].agg(["mean", "std", "count"])
+    stats = df.groupby(["label", "eval_len"])[value].agg(["mean", "std", "count"])
     status = df.groupby(["label", "eval_len"])["status"].first()
-    best = stats["mean"].groupby(level="eval_len").min()
     out = []
     for name in sorted(df["label"].unique(), key=lambda s: (s.split("+")[0], s)):
         cells = [name]
@@ -48,13 +47,22 @@ def ppl_grid(rows, mark) -> tuple[list[int], list[list[str]]]:
                 cells.append("")
                 continue
             m, sd, c = stats.loc[(name, n)]
-            if math.isnan(m):
-                cells.append(str(status.loc[(name, n)]))
-                continue
-            text = f"{m:.2f}" + (f" ± {sd:.2f}" if c > 1 and not math.isnan(sd) else "")
-            cells.append(mark(text) if m == best.loc[n] else text)
+            cells.append(str(status.loc[(name, n)]) if math.isnan(m) else fmt(n, m, sd, c))
         out.append(cells)
     return lengths, out
+
+
+def ppl_grid(rows, mark) -> tuple[list[int], list[list[str]]]:
+    """Schemes x lengths cells: mean perplexity over seeds (+- std when several), the status where
+    there is no number, and `mark(text)` on the best (lowest) of each column."""
+    df = extrapolation_frame(rows)
+    best = df.groupby(["label", "eval_len"])["ppl"].mean().groupby(level="eval_len").min()
+
+    def fmt(n, m, sd, c):
+        text = f"{m:.2f}" + (f" ± {sd:.2f}" if c > 1 and not math.isnan(sd) else "")
+        return mark(text) if m == best.loc[n] else text
+
+    return label_grid(df, "ppl", fmt)
 
 
 def ppl_table(rows, title: str = "perplexity (lower is better)") -> Table:
@@ -143,7 +151,7 @@ def plot_positions(rows, path: Path, eval_len: int | None = None) -> Path:
     return path
 
 
-def _markdown(headers: list[str], rows: list[list[str]]) -> str:
+def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
@@ -152,7 +160,7 @@ def _markdown(headers: list[str], rows: list[list[str]]) -> str:
 def ppl_markdown(df: pd.DataFrame) -> str:
     """The markdown table: best per column in bold."""
     lengths, cells = ppl_grid(df, lambda text: f"**{text}**")
-    return _markdown(["scheme"] + [str(n) for n in lengths], cells)
+    return markdown_table(["scheme"] + [str(n) for n in lengths], cells)
 
 
 def speed_markdown(df: pd.DataFrame) -> str:
@@ -173,7 +181,7 @@ def speed_markdown(df: pd.DataFrame) -> str:
                 f"{by.loc[n, 'median_ms']:.2f} ms ({by.loc[n, 'ratio_vs_none']:.2f}x)" if n in by.index else ""
                 for n in lengths])
         parts.append(f"**{pass_}**, {device}, {dtype}, {where} (median; ratio to `none`, lower is better)\n\n"
-                     + _markdown(["scheme"] + [str(n) for n in lengths], rows))
+                     + markdown_table(["scheme"] + [str(n) for n in lengths], rows))
     return "\n\n".join(parts)
 
 
@@ -192,7 +200,7 @@ def write_report(directory: Path | str) -> Path:
     md = ["# posbench report", ""]
     if not runs.empty:
         ok = runs[runs["status"] == "ok"]
-        md += ["## Runs", "", _markdown(
+        md += ["## Runs", "", markdown_table(
             ["scheme", "seed", "train_len", "steps", "params", "val loss", "unigram", "tokens/s", "backend"],
             [[r.scheme, r.seed, r.train_len, r.steps, r.n_params, _num(r.final_val_loss),
               _num(r.unigram_val_loss), _num(r.tokens_per_second, 0), r.backend] for r in ok.itertuples()]), ""]

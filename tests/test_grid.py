@@ -131,19 +131,18 @@ def test_run_cli_end_to_end(task_file, full_run, tmp_path, capsys):
     assert "trained 0, skipped 6" in capsys.readouterr().out
 
 
-def test_task_files_are_strict(tmp_path):
+@pytest.mark.parametrize("text, message", [
+    ('version = 1\n[train]\ntrian_len = 5\n', "did you mean 'train_len'"),
+    ('version = 1\nschemes = ["rpoe"]\n', "did you mean 'rope'"),
+    ('version = 1\n[train]\nsteps = "many"\n', "must be int"),
+    ('version = 1\nversion = 2\n', "invalid TOML"),
+    ('version = 1\n[passkey]\ndepth = [0.5]\n', "did you mean 'depths'"),
+    ('version = 1\n[passkey]\ndepths = [1.5]\n', r"depths must be a non-empty list in \[0, 1\]"),
+])
+def test_task_files_are_strict(tmp_path, text, message):
     bad = tmp_path / "bad.toml"
-    bad.write_text('version = 1\n[train]\ntrian_len = 5\n')
-    with pytest.raises(PosbenchError, match="did you mean 'train_len'"):
-        config.load_task(str(bad))
-    bad.write_text('version = 1\nschemes = ["rpoe"]\n')
-    with pytest.raises(PosbenchError, match="did you mean 'rope'"):
-        config.load_task(str(bad))
-    bad.write_text('version = 1\n[train]\nsteps = "many"\n')
-    with pytest.raises(PosbenchError, match="must be int"):
-        config.load_task(str(bad))
-    bad.write_text('version = 1\nversion = 2\n')
-    with pytest.raises(PosbenchError, match="invalid TOML"):
+    bad.write_text(text)
+    with pytest.raises(PosbenchError, match=message):
         config.load_task(str(bad))
 
 
@@ -153,6 +152,7 @@ def test_shipped_tasks_validate(capsys):
     for name in ("quick", "ci", "standard", "wikitext103", "passkey", "catalogue"):
         assert name in out
     assert config.load_task("quick") == config.Task()  # the dataclass defaults are the quick task
+    assert config.load_task("passkey").passkey.enabled
 
 
 def test_catalogue_task_is_every_scheme_on_the_quick_settings():

@@ -272,14 +272,3 @@ def test_run_task_passkey_step_and_report(tmp_path):
     report = (out / "report.md").read_text()
     assert "## Passkey retrieval" in report and "passkey_rope.png" in report and "unsupported" in report
     assert (out / "passkey_learned.png").exists()
-
-
-def test_task_passkey_section_is_strict(tmp_path):
-    bad = tmp_path / "bad.toml"
-    bad.write_text("version = 1\n[passkey]\ndepth = [0.5]\n")
-    with pytest.raises(PosbenchError, match="did you mean 'depths'"):
-        config.load_task(str(bad))
-    bad.write_text("version = 1\n[passkey]\ndepths = [1.5]\n")
-    with pytest.raises(PosbenchError, match=r"depths must be a non-empty list in \[0, 1\]"):
-        config.load_task(str(bad))
-    assert config.load_task("passkey").passkey.enabled
