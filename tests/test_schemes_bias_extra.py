@@ -144,17 +144,24 @@ def test_fire_learns_c_and_L():
 
 # --- sandwich ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dim", [0, 8])
-def test_sandwich_is_the_centred_sinusoid_inner_product(dim):
-    """b_h(i, j) = (p_i . p_j - d'/2) / (8h/H), p the sinusoidal table of width d'."""
+@pytest.mark.parametrize(("dim", "d"), [("model", D_MODEL), ("head", D_MODEL // H), (12, 12)])
+def test_sandwich_is_the_centred_sinusoid_inner_product(dim, d):
+    """b_h(i, j) = (p_i . p_j - d'/2) / (8h/H), p the sinusoidal table of width d': the model
+    width (the paper), the head dimension (NeMo) or a given width."""
     scheme = make("sandwich", dim=dim)
-    d = dim or D_MODEL
     pos = torch.tensor([0, 1, 2, 5, 11, 30, 31, 63])
     p = sinusoid(64, d, 10000.0).double()[pos]  # (T, d')
     dot = p @ p.T - d / 2  # (T, T)
     expected = torch.stack([dot / (8 * h / H) for h in range(1, H + 1)])
     assert torch.allclose(scheme.bias(pos).double(), expected, atol=1e-4)
     assert torch.allclose(Scheme.bias(scheme, pos).double(), expected, atol=1e-4)
+
+
+def test_sandwich_width_defaults_to_the_model_and_refuses_odd_or_unknown_widths():
+    assert make("sandwich").describe() == "base=10000.0,dim=model"
+    for bad in ("7", "0", "heads", "-4"):
+        with pytest.raises(PosbenchError, match="dim must be model, head or an even positive integer"):
+            make("sandwich", dim=bad)
 
 
 def test_sandwich_is_parameter_free_zero_on_the_diagonal_and_non_positive():

@@ -163,8 +163,11 @@ def test_xl_is_not_clipped():
 
 @pytest.mark.parametrize("pos", [CONTIGUOUS, GAPPED], ids=["contiguous", "gapped"])
 @pytest.mark.parametrize("big_k", [3, 0])
-def test_deberta_matches_double_loop(pos, big_k):
-    scheme = make("deberta", k=big_k)
+@pytest.mark.parametrize("p2c", ["paper", "code"])
+def test_deberta_matches_double_loop(pos, big_k, p2c):
+    """p2c=paper reads Q^r_{d(j,i)} (the paper's equation 4), p2c=code Q^r_{d(i,j)} (the
+    released code and transformers)."""
+    scheme = make("deberta", k=big_k, p2c=p2c)
     big_k = big_k or 16  # k = 0: the training length
     assert scheme.p["k"] == big_k
     q, k, v = qkv()
@@ -179,7 +182,7 @@ def test_deberta_matches_double_loop(pos, big_k):
     for i in range(T):
         for j in range(i + 1):
             k_r = (w_kr @ rel[delta(i, j)]).view(H, D)  # K^r_{d(i,j)}
-            q_r = (w_qr @ rel[delta(j, i)]).view(H, D)  # Q^r_{d(j,i)}
+            q_r = (w_qr @ rel[delta(j, i) if p2c == "paper" else delta(i, j)]).view(H, D)
             ref[:, :, i, j] = (
                 (q[:, :, i] * k[:, :, j]).sum(-1)
                 + (q[:, :, i] * k_r).sum(-1)
@@ -187,6 +190,12 @@ def test_deberta_matches_double_loop(pos, big_k):
             ) / math.sqrt(3 * D)
     s, _ = scores_and_output(scheme, q, k, v, pos, layer)
     assert_close_with_grads(lower(s), lower(ref), (q, k), atol=1e-4, rtol=1e-4)
+
+
+def test_deberta_p2c_defaults_to_the_paper_and_refuses_other_names():
+    assert make("deberta").describe() == "k=16,p2c=paper"
+    with pytest.raises(PosbenchError, match="p2c"):
+        make("deberta", p2c="hf")
 
 
 @pytest.mark.parametrize("name", ["shaw", "deberta"])

@@ -222,7 +222,9 @@ class Sandwich(Scheme):
     """Sandwich (Chi et al., ACL 2023): the inner product of two sinusoidal embeddings of width
     d', minus its value at distance 0, scaled per head; parameter-free:
     b_h(i, j) = (sum_{t < d'/2} cos((i - j) / 10000^(2t/d')) - d'/2) / (8h / H), h = 1..H.
-    d' is the model width unless `dim` > 0 is given. Each term is summed as
+    `dim` chooses d': `model` (default) the model width, as the paper's formula reads; `head`
+    the head dimension, as NeMo's implementation (its hidden size is the attention head size),
+    a bias H times gentler at small distances; or an even integer. Each term is summed as
     cos(x) - 1 = -2 sin^2(x/2), which avoids the cancellation of subtracting d'/2 in float32.
     `bias_fn` (elementwise, for score_mod) loops over the d'/2 frequencies; `bias` evaluates the
     same sum once per distinct |i - j| and gathers it into (H, T, T).
@@ -233,18 +235,28 @@ class Sandwich(Scheme):
     relative = True
     hooks = ("bias",)
     reference = "Chi et al. 2023, arXiv:2212.10356"
-    notes = "parameter-free; d' = model width unless dim > 0 is given"
-    defaults = {"dim": 0, "base": 10000.0}
+    notes = "parameter-free; d' = dim: model width (default), head (NeMo's choice) or an even integer"
+    defaults = {"dim": "model", "base": 10000.0}
 
     def __init__(self, dims):
         super().__init__(dims)
-        dim = self.p["dim"] or dims.d_model
-        if dim % 2:
-            raise PosbenchError(f"{self.name}: dim must be even, got {dim}")
+        dim = self.sinusoid_width(self.p["dim"], dims)
         self.freqs = [self.p["base"] ** (-2 * t / dim) for t in range(dim // 2)]
         # 1 / (8h / H), h = 1..H
         scale = [dims.n_heads / (8 * (h + 1)) for h in range(dims.n_heads)]
         self.register_buffer("scale", torch.tensor(scale), persistent=False)
+
+    def sinusoid_width(self, dim: str, dims) -> int:
+        """d' from the `dim` parameter: model, head or an even positive integer."""
+        width = {"model": dims.d_model, "head": dims.head_dim}.get(dim)
+        if width is None and dim.isdigit():
+            width = int(dim)
+        if not width or width % 2:
+            raise PosbenchError(
+                f"{self.name}: dim must be model, head or an even positive integer, got {dim!r}"
+                + (f" (= {width})" if width else "")
+            )
+        return width
 
     def bias_fn(self, h, qpos, kpos):
         rel = (qpos - kpos).float()

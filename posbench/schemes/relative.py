@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from posbench.errors import PosbenchError
+from posbench.errors import PosbenchError, did_you_mean
 from posbench.schemes.base import Scheme
 from posbench.schemes.registry import register
 from posbench.schemes.tables import GrowingTable, sinusoid
@@ -162,6 +162,9 @@ class TransformerXL(Scheme):
         return (content + gather_distances(position, dist.index)) * self.qk_scale
 
 
+DEBERTA_P2C = ("paper", "code")  # the position-to-content index: d(j, i) or d(i, j)
+
+
 @register
 class DeBERTa(Scheme):
     """Disentangled attention (He et al., ICLR 2021): content-to-content, content-to-position
@@ -169,6 +172,11 @@ class DeBERTa(Scheme):
 
         s_ij = (q_i.k_j + q_i.K^r_{d(i,j)} + k_j.Q^r_{d(j,i)}) / sqrt(3 D),
         d(i, j) = clip(i - j, -K, K) + K in [0, 2K],  K^r = P W_{k,r},  Q^r = P W_{q,r}.
+
+    The position-to-content index is a parameter. `p2c=paper` (default) reads Q^r_{d(j,i)}, as
+    the paper's equation (4) and its Algorithm 1; `p2c=code` reads Q^r_{d(i,j)}, the same row
+    as content-to-position, as the authors' released code and transformers' DebertaV2 compute
+    it (their gather of the transposed product undoes the sign flip; microsoft/DeBERTa#162).
 
     P (2K+1, d) is one table shared by all layers (as DeBERTa's encoder shares rel_embeddings);
     W_{k,r}, W_{q,r} (d -> H*D) are per layer. A causal decoder reads d(i,j) = K + c and
@@ -183,13 +191,19 @@ class DeBERTa(Scheme):
     hooks = ("logits",)
     relative = True
     reference = "He et al. 2021, arXiv:2006.03654"
-    notes = "P shared by layers, W_{q,r}, W_{k,r} per layer; k=0 means the training length"
-    defaults = {"k": 0}
+    notes = (
+        "P shared by layers, W_{q,r}, W_{k,r} per layer; k=0 means the training length; "
+        "p2c=paper (default: Q^r_{d(j,i)}, eq. 4) or code (Q^r_{d(i,j)}, as the released code "
+        "and transformers)"
+    )
+    defaults = {"k": 0, "p2c": "paper"}
 
     def __init__(self, dims):
         super().__init__(dims)
         if self.p["k"] < 0:
             raise PosbenchError(f"deberta: k must be >= 0 (got {self.p['k']})")
+        if self.p["p2c"] not in DEBERTA_P2C:
+            raise did_you_mean(self.p["p2c"], DEBERTA_P2C, "deberta p2c index")
         self.p["k"] = self.p["k"] or dims.train_len
         k, d, hd = self.p["k"], dims.d_model, self.head_dim
         # Unit scale, the scale of the LayerNorm'd hidden states P stands beside in
@@ -217,12 +231,13 @@ class DeBERTa(Scheme):
 
     def logits(self, q, k, pos, ctx: Distances, layer):
         big_k, n = self.p["k"], ctx.rows
-        k_r = self._project(self.rel[big_k : big_k + n], self.w_kr[layer])  # row c: d = K + c
-        q_r = self._project(self.rel[big_k - n + 1 : big_k + 1].flip(0), self.w_qr[layer])
-        # q_r row c: d = K - c
-        c2c = q @ k.transpose(-1, -2)  # (B, H, T, T)
+        ahead = self.rel[big_k : big_k + n]  # row c: d = K + c
+        behind = self.rel[big_k - n + 1 : big_k + 1].flip(0)  # row c: d = K - c
+        k_r = self._project(ahead, self.w_kr[layer])
+        q_r = self._project(behind if self.p["p2c"] == "paper" else ahead, self.w_qr[layer])
         c2p = gather_distances(q @ k_r.transpose(-1, -2), ctx.index)  # (B, H, T, T)
         p2c = gather_distances(k @ q_r.transpose(-1, -2), ctx.index.T).transpose(-1, -2)
+        c2c = q @ k.transpose(-1, -2)  # (B, H, T, T)
         return (c2c + c2p + p2c) * self.qk_scale
 
 
