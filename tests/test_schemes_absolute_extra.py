@@ -8,8 +8,10 @@ from torch import nn
 
 from conftest import tiny_model
 from posbench.catalogue import catalogue
+from posbench.errors import PosbenchError
 from posbench.schemes import SCHEMES, Dims
-from posbench.schemes.absolute import rk4
+from posbench.schemes.absolute import lawson_rk4, rk4
+from posbench.schemes.tables import sinusoid
 
 D = 8
 
@@ -55,7 +57,7 @@ def test_rk4_solves_the_sinusoidal_ode_with_fourth_order_error():
 
 
 def test_recurrent_table_with_forced_dynamics_is_the_sinusoidal_table():
-    scheme = SCHEMES["recurrent"](dims(substeps=16)).eval()
+    scheme = SCHEMES["recurrent"](dims(substeps=16, solver="rk4")).eval()
     scheme.dynamics = Rotation(D)
     with torch.no_grad():
         scheme.p0.copy_(sinusoid_closed_form(1, D)[0])
@@ -63,17 +65,42 @@ def test_recurrent_table_with_forced_dynamics_is_the_sinusoidal_table():
     assert torch.allclose(table.double(), sinusoid_closed_form(64, D), atol=1e-4)
 
 
-def test_recurrent_starts_at_the_sinusoidal_solution():
-    """At initialization the learned rotation has the sinusoidal frequencies and the MLP is
-    near zero: the table is the sinusoidal one, and its norm stays bounded far past T."""
-    scheme = SCHEMES["recurrent"](dims(substeps=16)).eval()
+def test_recurrent_starts_at_the_sinusoidal_table_at_its_defaults():
+    """At initialization, with the default parameters, the table is the sinusoidal one at every
+    position up to 8x the training length (plain RK4 with one substep damps pair 0 to 0.68 by
+    k = 63), and its norm stays bounded far past that."""
+    train_len, d = 64, 32
+    scheme = SCHEMES["recurrent"](Dims(d_model=d, n_heads=4, n_layers=1, vocab_size=11,
+                                       train_len=train_len, max_position=train_len)).eval()
     with torch.no_grad():
-        exact = scheme.positions(torch.arange(64))
-    assert torch.allclose(exact.double(), sinusoid_closed_form(64, D), atol=1e-4)
-    fresh = SCHEMES["recurrent"](dims()).eval()
+        table = scheme.positions(torch.arange(8 * train_len))
+    assert torch.allclose(table, sinusoid(8 * train_len, d, 10000.0), atol=1e-4, rtol=0)
     with torch.no_grad():
-        norms = fresh.positions(torch.arange(1024)).norm(dim=-1)
-    assert norms.max() < 1.5 * math.sqrt(D / 2)  # sinusoid rows have norm sqrt(d/2); no drift
+        norms = scheme.positions(torch.arange(4096)).norm(dim=-1)
+    assert norms.max() < 1.001 * math.sqrt(d / 2)  # sinusoid rows have norm sqrt(d/2)
+
+
+def test_lawson_and_plain_rk4_solve_the_same_ode_with_fourth_order_error():
+    """With a non-zero MLP and frequencies up to 2, both solvers converge to one solution, and
+    halving the step divides Lawson's error by about 2^4."""
+    torch.manual_seed(0)
+    scheme = SCHEMES["recurrent"](dims(hidden=16)).double()
+    dyn = scheme.dynamics
+    with torch.no_grad():
+        dyn.out.weight.normal_(std=0.3)
+        dyn.out.bias.normal_(std=0.3)
+        dyn.frequency.copy_(torch.tensor([2.0, 0.7, 0.1, 0.01]))
+        p0, n = scheme.p0.detach(), 12
+        fine = rk4(dyn, p0, n, 1.0, 256)
+        errors = [(lawson_rk4(dyn, p0, n, 1.0, s) - fine).abs().max().item() for s in (4, 8)]
+        plain = (rk4(dyn, p0, n, 1.0, 8) - fine).abs().max().item()
+    assert errors[1] < 1e-4 and plain < 1e-3
+    assert 10 < errors[0] / errors[1] < 24
+
+
+def test_recurrent_refuses_an_unknown_solver():
+    with pytest.raises(PosbenchError, match="solver"):
+        SCHEMES["recurrent"](dims(solver="euler"))
 
 
 def test_recurrent_constant_dynamics_integrate_exactly():
@@ -183,4 +210,4 @@ def test_catalogue_states_the_choices():
     assert "complex-valued layers are out of scope" in notes["complex"]
     assert "offset" in notes["multiplicative"]
     assert "once" in notes["conv"]
-    assert "RK4" in notes["recurrent"]
+    assert "RK4" in notes["recurrent"] and "solver=lawson, default" in notes["recurrent"]
