@@ -139,6 +139,7 @@ def extrapolate(
     yarn_alpha: Optional[float] = typer.Option(None, help="YaRN alpha (beta_slow)"),
     yarn_beta: Optional[float] = typer.Option(None, help="YaRN beta (beta_fast)"),
     learned_extension: Optional[str] = typer.Option(None, help="comma-separated: none,hierarchical"),
+    position_draws: Optional[int] = typer.Option(None, help="randomized runs: position draws averaged per length"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     out: Optional[Path] = typer.Option(None, help="where CSVs and plots go (default: the runs directory)"),
 ):
@@ -152,6 +153,7 @@ def extrapolate(
         mode=mode, stride=stride, tokens=tokens,
         rope_scaling=_split(rope_scaling), rope_scaling_factor=scaling_factor,
         yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, learned_extension=_split(learned_extension),
+        position_draws=position_draws,
     )
     names = _scheme_names(scheme)
     out_dir = out or runs_dir
@@ -297,6 +299,7 @@ def passkey(
     digits: Optional[int] = typer.Option(None, help="digits of the key"),
     seed: Optional[int] = typer.Option(None, help="seed of the keys"),
     rope_scaling: Optional[str] = typer.Option(None, help="comma-separated: none,pi,ntk,dynamic-ntk,yarn"),
+    position_draws: Optional[int] = typer.Option(None, help="randomized runs: position draws averaged per length"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     out: Optional[Path] = typer.Option(None, help="where passkey.csv and heatmaps go (default: the runs directory)"),
 ):
@@ -311,7 +314,7 @@ def passkey(
         raise PosbenchError(f"bad depths {depths!r}: expected comma-separated numbers in [0, 1]") from None
     cfg = config.replace(t.passkey, lengths=config.parse_int_list(lengths) if lengths else None,
                          depths=depth_list, trials=trials, digits=digits, seed=seed)
-    eval_cfg = config.replace(t.eval, rope_scaling=_split(rope_scaling))
+    eval_cfg = config.replace(t.eval, rope_scaling=_split(rope_scaling), position_draws=position_draws)
     names = _scheme_names(scheme)
     out_dir = out or runs_dir
     rows = pk.evaluate(runs_dir, cfg, eval_cfg, names, out_dir, device, progress=sys.stderr.isatty())

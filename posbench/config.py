@@ -54,6 +54,7 @@ class EvalConfig:
     yarn_beta: float = 32.0
     learned_extension: tuple[str, ...] = ("none",)
     position_buckets: int = 16
+    position_draws: int = 4  # randomized runs: position draws averaged per length (posbench.positions)
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,7 @@ def validate(obj) -> None:
             raise PosbenchError("randomize_max must be at least train_len")
     elif isinstance(obj, EvalConfig):
         check_lengths(obj.lengths)
-        _positive(obj, "tokens", "batch_tokens", "position_buckets")
+        _positive(obj, "tokens", "batch_tokens", "position_buckets", "position_draws")
         _choice("mode", obj.mode, EVAL_MODES)
         if obj.stride < 0:
             raise PosbenchError(f"stride must be >= 0, got {obj.stride}")

@@ -7,8 +7,14 @@
   token sees at least L - S tokens of context. The scored targets start at the largest evaluated
   length, so every length scores the same tokens.
 
-Per-position loss (mean loss by position inside the window) goes to positions.csv. A scheme that
+Per-position loss (mean loss by index inside the window) goes to positions.csv. A scheme that
 cannot run at a length yields a row with status `unsupported` and the reason.
+
+A randomized run's windows read sorted position draws from [0, randomize_max), as in training
+(`posbench.positions.evaluation_positions`): every length is scored `position_draws` times, once
+per draw, and its loss is the mean over draws (the count is the row's `position_draws`; 0 for a
+plain run, whose windows read 0..L-1). A bucket of positions.csv is then an index range inside
+the window, whatever positions the draws gave those indices.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from posbench import results
 from posbench.config import EvalConfig
 from posbench.data import TokenData, load_tokens
 from posbench.errors import PosbenchError
+from posbench.positions import evaluation_draws, evaluation_positions
 from posbench.schemes import PositionLimitError
 from posbench.schemes.rotary import RopeScaling
 from posbench.train import FINAL, RunSpec, autocast, load_trained, resolve_device
@@ -109,16 +116,19 @@ def batches(starts: torch.Tensor, length: int, heads: int, batch_tokens: int) ->
 
 
 @torch.inference_mode()
-def score(model, stream: torch.Tensor, length: int, cfg: EvalConfig, lengths, device, dtype: str):
-    """Summed loss and count per window position (L,), over every scored window."""
+def score(model, stream: torch.Tensor, length: int, cfg: EvalConfig, lengths, device, dtype: str,
+          pos: torch.Tensor | None = None):
+    """Summed loss and count per window index (L,), over every scored window; `pos` (L,) the
+    windows' positions (None: 0..L-1)."""
     starts, first = windows(stream, length, cfg, lengths)
     total = torch.zeros(length, dtype=torch.float64)
     count = torch.zeros(length, dtype=torch.float64)
     offsets = torch.arange(length + 1)
+    pos = pos.to(device) if pos is not None else None
     for chunk in batches(starts, length, model.cfg.n_heads, cfg.batch_tokens):
         tokens = stream[chunk[:, None] + offsets].to(device)
         with autocast(device, dtype):
-            losses = model.token_losses(tokens[:, :-1], tokens[:, 1:])  # (B, L)
+            losses = model.token_losses(tokens[:, :-1], tokens[:, 1:], pos)  # (B, L)
         total[first:] += losses[:, first:].double().sum(0).cpu()
         count[first:] += losses.shape[0]
     return total, count
@@ -137,8 +147,10 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
     base = {
         "run_id": spec.run_id, "task": task or spec.task, "scheme": spec.scheme,
         "params": model.scheme.describe(), "seed": spec.seed, "train_len": spec.train.train_len,
-        "mode": cfg.mode, **results.provenance(dev.type, spec.train.dtype, data.fingerprint),
+        "mode": cfg.mode, "position_draws": evaluation_draws(spec.train, cfg.position_draws),
+        **results.provenance(dev.type, spec.train.dtype, data.fingerprint),
     }
+    draws = max(1, base["position_draws"])
     from posbench.attention import choose_backend
 
     rows, positions = [], []
@@ -150,11 +162,16 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
             row = {**base, "eval_len": length, "ratio": length / spec.train.train_len,
                    "stride": stride_for(cfg, length), "scaling": variant.scaling_label, "extension": variant.extension,
                    "backend": model.backend or choose_backend(model.scheme, dev)}
-            try:
-                total, count = score(model, stream, length, cfg, cfg.lengths, dev, spec.train.dtype)
+            total = count = torch.zeros(length, dtype=torch.float64)
+            try:  # the mean over draws, per window index
+                for draw in range(draws):
+                    pos = evaluation_positions(spec.train, length, draw)
+                    t, c = score(model, stream, length, cfg, cfg.lengths, dev, spec.train.dtype, pos)
+                    total, count = total + t, count + c
             except PositionLimitError as e:
                 rows.append({**row, "status": "unsupported", "reason": str(e), "tokens": 0})
                 continue
+            total, count = total / draws, count / draws  # every draw scores the same tokens
             loss = float(total.sum() / count.sum())
             status = "ok" if torch.isfinite(torch.tensor(loss)) else "failed"
             rows.append({**row, "tokens": int(count.sum()), "loss": loss,

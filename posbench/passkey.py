@@ -24,7 +24,9 @@ is every answer token being the model's argmax given the tokens before it: for a
 that is exactly whether greedy decoding after the prompt spells the key, at one forward instead of
 one per digit. No window is longer than L, so L = the training length is in-length for every
 scheme. accuracy = hits / trials per (length, depth). Keys come from a generator seeded by the
-seed, the length and the depth, so every scheme answers the same prompts.
+seed, the length and the depth, so every scheme answers the same prompts. A randomized run reads
+every trial once per position draw (`posbench.positions.evaluation_positions`, as perplexity
+does): hits then count over the `position_draws` draws and accuracy = hits / (trials x draws).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from posbench.config import EvalConfig, PasskeyConfig
 from posbench.data import ByteTokenizer, Corpus, _fingerprint, load_tokenizer, load_tokens, split_documents
 from posbench.errors import PosbenchError
 from posbench.evaluate import ATTN_BYTES, find_runs, variants_for
+from posbench.positions import evaluation_draws, evaluation_positions
 from posbench.schemes import PositionLimitError
 from posbench.train import RunSpec, autocast, load_trained, resolve_device
 
@@ -188,8 +191,10 @@ class Prompter:
 
 
 @torch.inference_mode()
-def retrieved(model, trials: list[Trial], device, dtype: str = "float32") -> list[bool]:
-    """Whether the model's greedy answer to each trial (all of one length) is the key.
+def retrieved(model, trials: list[Trial], device, dtype: str = "float32",
+              pos: torch.Tensor | None = None) -> list[bool]:
+    """Whether the model's greedy answer to each trial (all of one length) is the key; `pos`
+    (L,) the trials' positions (None: 0..L-1).
 
     One forward over the whole trial, answer included (teacher forcing): a causal model's greedy
     answer is the key exactly when every answer token is the argmax given the right tokens
@@ -197,11 +202,12 @@ def retrieved(model, trials: list[Trial], device, dtype: str = "float32") -> lis
     length = len(trials[0].tokens)
     per = max(1, min(MAX_BATCH, ATTN_BYTES // (4 * model.cfg.n_heads * length * length)))
     out = []
+    pos = pos.to(device) if pos is not None else None
     for i in range(0, len(trials), per):
         chunk = trials[i: i + per]
         tokens = torch.tensor([t.tokens for t in chunk], device=device)  # (B, L)
         with autocast(device, dtype):
-            guess = model(tokens).argmax(-1)  # (B, L): guess[:, p] predicts tokens[:, p + 1]
+            guess = model(tokens, pos).argmax(-1)  # (B, L): guess[:, p] predicts tokens[:, p + 1]
         for b, t in enumerate(chunk):
             out.append(bool((guess[b, -t.answer - 1: -1] == tokens[b, -t.answer:]).all()))
     return out
@@ -244,8 +250,10 @@ def evaluate_run(run_dir: Path, cfg: PasskeyConfig, eval_cfg: EvalConfig, device
     base = {
         "run_id": spec.run_id, "task": task or spec.task, "scheme": spec.scheme,
         "params": model.scheme.describe(), "seed": spec.seed, "train_len": spec.train.train_len,
-        "trials": cfg.trials, **results.provenance(dev.type, spec.train.dtype, fingerprint),
+        "trials": cfg.trials, "position_draws": evaluation_draws(spec.train, eval_cfg.position_draws),
+        **results.provenance(dev.type, spec.train.dtype, fingerprint),
     }
+    draws = max(1, base["position_draws"])
     from posbench.attention import choose_backend
 
     rows = []
@@ -257,15 +265,19 @@ def evaluate_run(run_dir: Path, cfg: PasskeyConfig, eval_cfg: EvalConfig, device
             common = {**base, "eval_len": length, "ratio": length / spec.train.train_len,
                       "scaling": variant.scaling_label, "extension": variant.extension,
                       "backend": model.backend or choose_backend(model.scheme, dev)}
-            try:  # every depth of a length in one batch
-                hit = retrieved(model, [t for d in cfg.depths for t in cells[(length, d)]], dev, spec.train.dtype)
+            trials = [t for d in cfg.depths for t in cells[(length, d)]]
+            hit = [0] * len(trials)
+            try:  # every depth of a length in one batch, once per position draw
+                for draw in range(draws):
+                    pos = evaluation_positions(spec.train, length, draw)
+                    hit = [h + v for h, v in zip(hit, retrieved(model, trials, dev, spec.train.dtype, pos))]
             except PositionLimitError as e:
                 rows += [{**common, "depth": float(d), "status": "unsupported", "reason": str(e)} for d in cfg.depths]
                 continue
             for k, depth in enumerate(cfg.depths):
                 hits = sum(hit[k * cfg.trials: (k + 1) * cfg.trials])
-                rows.append({**common, "depth": float(depth), "hits": hits, "accuracy": hits / cfg.trials,
-                             "status": "ok", "reason": ""})
+                rows.append({**common, "depth": float(depth), "hits": hits,
+                             "accuracy": hits / (cfg.trials * draws), "status": "ok", "reason": ""})
     return rows
 
 

@@ -35,8 +35,8 @@ TABLES: dict[str, dict[str, list[str]]] = {
     "extrapolation": {
         "key": ["run_id", "eval_len", "mode", "stride", "scaling", "extension"],
         "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "eval_len", "ratio",
-                    "mode", "stride", "scaling", "extension", "tokens", "loss", "ppl", "backend",
-                    "status", "reason"] + PROVENANCE,
+                    "mode", "stride", "scaling", "extension", "position_draws", "tokens", "loss",
+                    "ppl", "backend", "status", "reason"] + PROVENANCE,
     },
     "positions": {
         "key": ["run_id", "eval_len", "mode", "stride", "scaling", "extension", "bucket"],
@@ -46,8 +46,8 @@ TABLES: dict[str, dict[str, list[str]]] = {
     "passkey": {
         "key": ["run_id", "eval_len", "depth", "scaling", "extension"],
         "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "eval_len", "ratio",
-                    "depth", "trials", "hits", "accuracy", "scaling", "extension", "backend",
-                    "status", "reason"] + PROVENANCE,
+                    "depth", "trials", "position_draws", "hits", "accuracy", "scaling", "extension",
+                    "backend", "status", "reason"] + PROVENANCE,
     },
     "speed": {
         "key": ["scheme", "backend", "pass", "device", "device_name", "dtype", "batch", "heads",

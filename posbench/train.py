@@ -19,6 +19,7 @@ from posbench.config import TrainConfig, stable_hash
 from posbench.data import DataConfig, TokenData, load_tokens, unigram_loss
 from posbench.errors import PosbenchError
 from posbench.model import ModelConfig, Transformer
+from posbench.positions import training_positions
 from posbench.schemes import Dims, get_scheme
 from posbench.schemes.base import coerce_params
 
@@ -151,13 +152,6 @@ def build_model(spec: RunSpec, vocab_size: int) -> Transformer:
         raise PosbenchError(f"scheme {spec.scheme!r} takes no integer positions to randomize")
     cfg = dataclasses.replace(spec.model, vocab_size=vocab_size)
     return Transformer(cfg, get_scheme(spec.scheme)(dims))
-
-
-def training_positions(t: TrainConfig, gen: torch.Generator) -> torch.Tensor | None:
-    """Ruoss et al.: a window's positions are sorted distinct draws from [0, L_max)."""
-    if not t.randomize_positions:
-        return None
-    return torch.randperm(t.randomize_max, generator=gen)[: t.train_len].sort().values
 
 
 def sample_batch(stream: torch.Tensor, t: TrainConfig, gen: torch.Generator):
