@@ -19,7 +19,8 @@ def label(row) -> str:
         out += f"+{row['scaling']}"
     if str(row.get("extension", "none")) not in ("none", "", "nan"):
         out += f"+{row['extension']}"
-    if str(row.get("randomized", "False")) == "True":
+    # runs.csv says `randomized`; evaluation rows of a randomized run have position draws
+    if str(row.get("randomized", "False")) == "True" or pd.to_numeric(row.get("position_draws"), errors="coerce") > 0:
         out += "+randomized"
     return out
 

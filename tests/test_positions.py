@@ -93,3 +93,11 @@ def test_randomized_run_passkey_reads_the_draws(randomized_run, seen_positions):
     assert all(r["accuracy"] == r["hits"] / (2 * 2) for r in ok)
     refused = [r for r in rows if r["eval_len"] == 512]
     assert refused and all(r["status"] == "unsupported" and "exceeds randomize_max" in r["reason"] for r in refused)
+
+
+def test_tables_tell_randomized_runs_apart():
+    """A randomized run and a plain run of one scheme are two rows of a table, not one mean."""
+    from posbench.report import label
+
+    assert label({"scheme": "rope", "position_draws": "4"}) == "rope+randomized"
+    assert label({"scheme": "rope", "position_draws": 0}) == label({"scheme": "rope"}) == "rope"
