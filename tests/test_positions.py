@@ -101,3 +101,14 @@ def test_tables_tell_randomized_runs_apart():
 
     assert label({"scheme": "rope", "position_draws": "4"}) == "rope+randomized"
     assert label({"scheme": "rope", "position_draws": 0}) == label({"scheme": "rope"}) == "rope"
+
+
+def test_position_draws_flag(randomized_run, tmp_path):
+    from posbench import results
+    from posbench.cli import main
+
+    runs = str(randomized_run.parent)
+    common = ["--runs-dir", runs, "--lengths", "32", "--tokens", "64", "--device", "cpu", "--out", str(tmp_path)]
+    assert main(["extrapolate", *common, "--position-draws", "2"]) == 0
+    assert [r["position_draws"] for r in results.read_rows(tmp_path / "extrapolation.csv")] == ["2"]
+    assert main(["extrapolate", *common, "--position-draws", "0"]) == 2
