@@ -211,3 +211,4 @@ def test_catalogue_states_the_choices():
     assert "offset" in notes["multiplicative"]
     assert "once" in notes["conv"]
     assert "RK4" in notes["recurrent"] and "solver=lawson, default" in notes["recurrent"]
+    assert "p2c=paper (default" in notes["deberta"] and "model width (default), head" in notes["sandwich"]
