@@ -17,6 +17,7 @@ from rich.table import Table
 
 from posbench import config
 from posbench.errors import PosbenchError
+from posbench.schemes.rotary import SCALINGS
 
 # typer may vendor its own click: catch both.
 USAGE_ERRORS = tuple({click.ClickException, getattr(typer, "TyperException", click.ClickException)})
@@ -29,6 +30,7 @@ app = typer.Typer(
     help="Train tiny language models that differ only in their positional encoding; measure "
     "how each extrapolates past its training length and what its attention costs.",
 )
+ROPE_SCALING_HELP = f"comma-separated: {','.join(SCALINGS)}"
 console = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True)
 
@@ -134,10 +136,12 @@ def extrapolate(
     mode: Optional[str] = typer.Option(None, help="nonoverlap | sliding"),
     stride: Optional[int] = typer.Option(None, help="sliding stride (default: half the window)"),
     tokens: Optional[int] = typer.Option(None, help="tokens scored at every length"),
-    rope_scaling: Optional[str] = typer.Option(None, help="comma-separated: none,pi,ntk,dynamic-ntk,yarn"),
+    rope_scaling: Optional[str] = typer.Option(None, help=ROPE_SCALING_HELP),
     scaling_factor: Optional[float] = typer.Option(None, help="RoPE scaling factor s (default L_eval/L_train)"),
     yarn_alpha: Optional[float] = typer.Option(None, help="YaRN alpha (beta_slow)"),
     yarn_beta: Optional[float] = typer.Option(None, help="YaRN beta (beta_fast)"),
+    llama3_low: Optional[float] = typer.Option(None, help="Llama 3 low_freq_factor"),
+    llama3_high: Optional[float] = typer.Option(None, help="Llama 3 high_freq_factor"),
     learned_extension: Optional[str] = typer.Option(None, help="comma-separated: none,hierarchical"),
     position_draws: Optional[int] = typer.Option(None, help="randomized runs: position draws averaged per length"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
@@ -152,8 +156,8 @@ def extrapolate(
         lengths=config.parse_int_list(lengths) if lengths else None,
         mode=mode, stride=stride, tokens=tokens,
         rope_scaling=_split(rope_scaling), rope_scaling_factor=scaling_factor,
-        yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, learned_extension=_split(learned_extension),
-        position_draws=position_draws,
+        yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, llama3_low=llama3_low, llama3_high=llama3_high,
+        learned_extension=_split(learned_extension), position_draws=position_draws,
     )
     names = _scheme_names(scheme)
     out_dir = out or runs_dir
@@ -298,7 +302,7 @@ def passkey(
     trials: Optional[int] = typer.Option(None, help="prompts per length and depth"),
     digits: Optional[int] = typer.Option(None, help="digits of the key"),
     seed: Optional[int] = typer.Option(None, help="seed of the keys"),
-    rope_scaling: Optional[str] = typer.Option(None, help="comma-separated: none,pi,ntk,dynamic-ntk,yarn"),
+    rope_scaling: Optional[str] = typer.Option(None, help=ROPE_SCALING_HELP),
     position_draws: Optional[int] = typer.Option(None, help="randomized runs: position draws averaged per length"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     out: Optional[Path] = typer.Option(None, help="where passkey.csv and heatmaps go (default: the runs directory)"),

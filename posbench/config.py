@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -52,6 +53,8 @@ class EvalConfig:
     rope_scaling_factor: float = 0.0  # 0: L_eval / L_train
     yarn_alpha: float = 1.0
     yarn_beta: float = 32.0
+    llama3_low: float = 1.0  # wavelengths above train_len / llama3_low are interpolated fully
+    llama3_high: float = 4.0  # wavelengths below train_len / llama3_high are kept
     learned_extension: tuple[str, ...] = ("none",)
     position_buckets: int = 16
     position_draws: int = 4  # randomized runs: position draws averaged per length (posbench.positions)
@@ -192,6 +195,13 @@ def validate(obj) -> None:
         _choice("mode", obj.mode, EVAL_MODES)
         if obj.stride < 0:
             raise PosbenchError(f"stride must be >= 0, got {obj.stride}")
+        from posbench.schemes.rotary import SCALINGS
+
+        for kind in obj.rope_scaling:
+            _choice("rope_scaling", kind, SCALINGS)
+        if not 0 < obj.llama3_low < obj.llama3_high < math.inf:
+            raise PosbenchError(f"llama3_low and llama3_high must satisfy 0 < low < high, "
+                                f"got {obj.llama3_low} and {obj.llama3_high}")
     elif isinstance(obj, SpeedConfig):
         check_lengths(obj.lengths)
         _positive(obj, "batch_size", "heads", "head_dim", "repeats")

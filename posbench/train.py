@@ -21,7 +21,7 @@ from posbench.errors import PosbenchError
 from posbench.model import ModelConfig, Transformer
 from posbench.positions import training_positions
 from posbench.schemes import Dims, get_scheme
-from posbench.schemes.base import coerce_params
+from posbench.schemes.base import coerce_params, identity_params
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,8 @@ class RunSpec:
             train.pop(logistics)
         if not self.train.randomize_positions:
             train.pop("randomize_max")
-        return {"scheme": self.scheme, "params": self.params, "seed": self.seed,
+        params = identity_params(get_scheme(self.scheme), self.params)
+        return {"scheme": self.scheme, "params": params, "seed": self.seed,
                 "data": dataclasses.asdict(self.data), "model": dataclasses.asdict(self.model),
                 "train": train}
 

@@ -143,6 +143,43 @@ def test_dynamic_ntk_uses_current_length_and_given_factor():
     assert fixed[1].item() == pytest.approx((BASE * 8 ** (8 / 6)) ** (-2 / 8))
 
 
+def test_dynamic_ntk_with_a_factor_grows_the_base_from_the_training_length():
+    """transformers' `_compute_dynamic_ntk_parameters`: base * (f L / L0 - (f - 1))^(D/(D-2)),
+    L = max(L_eval, L0); f = 4, D = 32, L0 = 64 (pair 1 has frequency base'^(-2/32))."""
+    expect = {32: 1e4, 64: 1e4, 128: 5.5663e4, 256: 1.5424e5, 512: 3.6299e5}
+    for length, new_base in expect.items():
+        inv, m = rope_frequencies(32, BASE, 64, RopeScaling("dynamic-ntk", factor=4.0), length)
+        assert inv[1].item() ** (-32 / 2) == pytest.approx(new_base, rel=1e-4), length
+        assert m == 1.0
+    static, _ = rope_frequencies(32, BASE, 64, RopeScaling("ntk", factor=4.0), 64)
+    assert static[1].item() ** (-32 / 2) == pytest.approx(BASE * 4 ** (32 / 30))  # ntk stays static
+
+
+def test_dynamic_ntk_tables_follow_the_length_with_a_fixed_factor():
+    """The scheme's cached cos/sin tables must not reuse one length's base at another."""
+    scheme = tiny_model("rope", train_len=16).scheme  # head dim 8
+    scheme.set_scaling(RopeScaling("dynamic-ntk", factor=4.0))
+    for length in (16, 64, 16):
+        cos, _ = scheme.angles(torch.arange(length))
+        new_base = BASE * (4 * max(length, 16) / 16 - 3) ** (8 / 6)
+        assert cos[-1, 1].item() == pytest.approx(math.cos((length - 1) * new_base ** (-2 / 8)), abs=1e-6)
+
+
+def test_llama3_keeps_blends_and_divides_by_wavelength():
+    """transformers' `_compute_llama3_parameters` by hand, D = 8, L_train = 128, s = 4, low 1,
+    high 4: wavelengths 2 pi / theta = 6.28 (< 128/4: kept), 62.8 (between: blended), 628 and
+    6283 (> 128/1: divided by s)."""
+    inv, m = rope_frequencies(D, BASE, 128, RopeScaling("llama3"), 512)
+    a = (128 * 0.1 / (2 * math.pi) - 1) / (4 - 1)  # 0.345727
+    assert inv.tolist() == pytest.approx([1.0, (1 - a) * 0.1 / 4 + a * 0.1, 0.01 / 4, 0.001 / 4])
+    assert inv[1].item() == pytest.approx(0.0509295, rel=1e-5) and m == 1.0
+    # low = 3 puts pair 1 (wavelength 62.8 > 128/3) among the divided ones
+    inv, _ = rope_frequencies(D, BASE, 128, RopeScaling("llama3", low=3.0, high=4.0), 512)
+    assert inv.tolist() == pytest.approx([1.0, 0.1 / 4, 0.01 / 4, 0.001 / 4])
+    assert RopeScaling("llama3", low=3.0, high=4.0).label == "llama3(low=3,high=4)"
+    assert RopeScaling("llama3", factor=8.0).label == "llama3:8"
+
+
 def test_yarn_ramp_and_attention_factor():
     # find_correction_dim(r) = D ln(L / (2 pi r)) / (2 ln base)
     fcd = lambda r: D * math.log(L / (2 * math.pi * r)) / (2 * math.log(BASE))

@@ -73,6 +73,13 @@ def coerce_params(cls: type[Scheme], given: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def identity_params(cls: type[Scheme], params: dict[str, Any]) -> dict[str, Any]:
+    """The resolved parameters that name a run (its run_id): all of them, except a parameter of
+    `cls.added_params` at its default. A parameter added to a scheme later then leaves the run_id of
+    every run trained before it existed unchanged, and those runs keep their results."""
+    return {k: v for k, v in params.items() if k not in cls.added_params or v != cls.defaults[k]}
+
+
 class Scheme(nn.Module):
     """Base class. Subclasses set the class attributes and override the hooks they list."""
 
@@ -87,6 +94,8 @@ class Scheme(nn.Module):
     takes_positions: ClassVar[bool] = True  # integer positions (the randomized modifier applies)
     owns_token_embedding: ClassVar[bool] = False  # the input hook builds token embeddings itself
     extensions: ClassVar[tuple[str, ...]] = ()  # eval-time policies past position_limit()
+    # Parameters added after the scheme first shipped: see `identity_params`.
+    added_params: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, dims: Dims):
         super().__init__()

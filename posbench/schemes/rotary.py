@@ -1,7 +1,8 @@
-"""Rotary schemes: q and k rotated by position in every attention layer (SCHEMES.md 13, 15).
+"""Rotary schemes: q and k rotated by position in every attention layer (SCHEMES.md 13, 15, 23).
 
-Layout: half-split (GPT-NeoX): pair t is (x_t, x_{t + D/2}), t < D/2. It equals the interleaved
-layout of the RoFormer paper up to a fixed permutation of head dimensions, which q.k ignores.
+Layout: half-split (GPT-NeoX): pair t is (x_t, x_{t + r/2}), t < r/2, over the r rotated dims. It
+equals the interleaved layout of the RoFormer paper up to a fixed permutation of head dimensions,
+which q.k ignores.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ from dataclasses import dataclass
 
 import torch
 
-from posbench.errors import PosbenchError
+from posbench.errors import PosbenchError, did_you_mean
 from posbench.schemes.base import Scheme
 from posbench.schemes.registry import register
 from posbench.schemes.tables import GrowingTable
 
-SCALINGS = ("none", "pi", "ntk", "dynamic-ntk", "yarn")
+SCALINGS = ("none", "pi", "ntk", "dynamic-ntk", "yarn", "llama3")
+YARN_DEFAULTS = (1.0, 32.0)  # (alpha, beta)
+LLAMA3_DEFAULTS = (1.0, 4.0)  # (low, high): low_freq_factor, high_freq_factor of Llama 3.1
 
 
 @dataclass(frozen=True)
@@ -25,13 +28,13 @@ class RopeScaling:
 
     kind: str = "none"
     factor: float = 0.0
-    alpha: float = 1.0  # YaRN beta_slow: pairs with fewer rotations than this are interpolated
-    beta: float = 32.0  # YaRN beta_fast: pairs with more rotations than this are kept
+    alpha: float = YARN_DEFAULTS[0]  # YaRN beta_slow: pairs with fewer rotations than this are interpolated
+    beta: float = YARN_DEFAULTS[1]  # YaRN beta_fast: pairs with more rotations than this are kept
+    low: float = LLAMA3_DEFAULTS[0]  # Llama 3: wavelengths above L_train / low are interpolated
+    high: float = LLAMA3_DEFAULTS[1]  # Llama 3: wavelengths below L_train / high are kept
 
     def __post_init__(self):
         if self.kind not in SCALINGS:
-            from posbench.errors import did_you_mean
-
             raise did_you_mean(self.kind, SCALINGS, "rope scaling")
 
     def scale(self, length: int, train_len: int) -> float:
@@ -41,9 +44,15 @@ class RopeScaling:
 
     @property
     def label(self) -> str:
+        """The `scaling` column: the kind, the factor when given, and non-default ramp bounds."""
         if self.kind == "none":
             return "none"
-        return self.kind if self.factor <= 0 else f"{self.kind}:{self.factor:g}"
+        label = self.kind if self.factor <= 0 else f"{self.kind}:{self.factor:g}"
+        if self.kind == "yarn" and (self.alpha, self.beta) != YARN_DEFAULTS:
+            label += f"(alpha={self.alpha:g},beta={self.beta:g})"
+        if self.kind == "llama3" and (self.low, self.high) != LLAMA3_DEFAULTS:
+            label += f"(low={self.low:g},high={self.high:g})"
+        return label
 
 
 def yarn_ramp(dim: int, base: float, train_len: int, alpha: float, beta: float) -> torch.Tensor:
@@ -61,6 +70,21 @@ def yarn_ramp(dim: int, base: float, train_len: int, alpha: float, beta: float) 
     return ((t - low) / (high - low)).clamp(0, 1)
 
 
+def llama3_ramp(inv: torch.Tensor, train_len: int, low: float, high: float) -> torch.Tensor:
+    """Interpolation weight per pair (0 keeps, 1 interpolates), transformers'
+    `_compute_llama3_parameters`: with wavelength lambda = 2 pi / theta and
+    a = (L_train / lambda - low) / (high - low), pairs with lambda < L_train / high (a > 1) are
+    kept, those with lambda > L_train / low (a < 0) divided by s, and between the frequency is
+    (1 - a) theta / s + a theta: so the weight is 1 - a, clamped to [0, 1]."""
+    a = (train_len * inv / (2 * math.pi) - low) / (high - low)
+    return 1 - a.clamp(0, 1)
+
+
+def ntk_base(base: float, ratio: float, dim: int) -> float:
+    """base * ratio^(dim/(dim-2)). With dim = 2 the one pair has frequency 1 at any base."""
+    return base * ratio ** (dim / (dim - 2)) if dim > 2 else base
+
+
 def rope_frequencies(
     dim: int, base: float, train_len: int, scaling: RopeScaling, length: int
 ) -> tuple[torch.Tensor, float]:
@@ -71,11 +95,20 @@ def rope_frequencies(
     kind = scaling.kind if s > 1 else "none"
     if kind == "pi":
         return inv / s, 1.0
-    if kind in ("ntk", "dynamic-ntk"):
-        return (base * s ** (dim / (dim - 2))) ** -exponent, 1.0
-    if kind == "yarn":
-        ramp = yarn_ramp(dim, base, train_len, scaling.alpha, scaling.beta)
-        return inv / s * ramp + inv * (1 - ramp), 0.1 * math.log(s) + 1.0
+    if kind == "ntk":
+        return ntk_base(base, s, dim) ** -exponent, 1.0
+    if kind == "dynamic-ntk":
+        # transformers' `dynamic`: s is the factor f (1 when none is given) and the base grows with
+        # the length itself, from 1x at L_train: base * (f L / L_train - (f - 1))^(dim/(dim-2)).
+        f = scaling.factor if scaling.factor > 0 else 1.0
+        ratio = f * max(length, train_len) / train_len - (f - 1)
+        return ntk_base(base, ratio, dim) ** -exponent, 1.0
+    if kind in ("yarn", "llama3"):  # by parts: each pair between kept and divided by s
+        if kind == "yarn":
+            ramp, mscale = yarn_ramp(dim, base, train_len, scaling.alpha, scaling.beta), 0.1 * math.log(s) + 1.0
+        else:
+            ramp, mscale = llama3_ramp(inv, train_len, scaling.low, scaling.high), 1.0
+        return inv / s * ramp + inv * (1 - ramp), mscale
     return inv, 1.0
 
 
@@ -95,42 +128,67 @@ def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def share(fraction: float, n: int, name: str) -> int:
+    """floor(p * n) for a fraction p in [0, 1], as GPT-NeoX (`int(head_size * rotary_pct)`) and
+    the p-RoPE paper (`int(rope_percentage * head_dim // 2)`) round."""
+    if not 0 <= fraction <= 1:
+        raise PosbenchError(f"{name}: fraction must be in [0, 1], got {fraction}")
+    return math.floor(fraction * n + 1e-9)  # 1e-9: p * n of a decimal p such as 0.29 * 100 lands just below
+
+
 @register
 class RoPE(Scheme):
     """Rotary position embedding (Su et al. 2021, RoFormer): pair t of q at position m rotated by
-    m * theta_t, theta_t = base^(-2t/D); k likewise at n; so q.k depends on m - n only.
-    Eval-time scaling (`--rope-scaling`): pi, ntk, dynamic-ntk, yarn (see `rope_frequencies`)."""
+    m * theta_t, theta_t = base^(-2t/r); k likewise at n; so q.k depends on m - n only.
+    `fraction` p (GPT-NeoX `rotary_pct`, GPT-J `rotary_dim`): only the first r = floor(p * D) dims
+    of each head rotate, with the spectrum of an r-dim head; the other D - r pass through.
+    Eval-time scaling (`--rope-scaling`): pi, ntk, dynamic-ntk, yarn, llama3 (see
+    `rope_frequencies`), computed over the r rotated dims as transformers does. q, k (B, H, T, D)."""
 
     name = "rope"
     family = "rotary"
     relative = True
     hooks = ("qk",)
-    reference = "Su et al. 2021, arXiv:2104.09864"
+    reference = "Su et al. 2021, arXiv:2104.09864; fraction: GPT-NeoX rotary_pct (Black et al. 2022)"
     extrapolates = "yes"
-    notes = "half-split (NeoX) pairs; eval-time scaling pi, ntk, dynamic-ntk, yarn"
-    defaults = {"base": 10000.0}
+    notes = ("half-split (NeoX) pairs; fraction p rotates the first floor(p*D) dims at base^(-2t/r); "
+             "eval-time scaling " + ", ".join(SCALINGS[1:]))
+    defaults = {"base": 10000.0, "fraction": 1.0}
+    added_params = ("fraction",)
 
     def __init__(self, dims):
         super().__init__(dims)
-        if self.head_dim % 2:
-            raise PosbenchError(f"{self.name} needs an even head dimension, got {self.head_dim}")
+        self.rotary_dim = self._rotary_dim()
         self.scaling = RopeScaling()
         self._tables: dict[tuple, GrowingTable] = {}
+
+    def _rotary_dim(self) -> int:
+        """r = floor(p * D), even, since dims rotate in pairs."""
+        r = share(self.p["fraction"], self.head_dim, self.name)
+        if r % 2 and r == self.head_dim:
+            raise PosbenchError(f"{self.name} needs an even head dimension, got {self.head_dim}")
+        if r % 2:
+            raise PosbenchError(f"{self.name}: fraction={self.p['fraction']:g} rotates r = floor(p * {self.head_dim}) "
+                                f"= {r} dims of the head; r must be even")
+        return r
 
     def set_scaling(self, scaling: RopeScaling) -> None:
         self.scaling = scaling
 
+    def frequencies(self, length: int) -> tuple[torch.Tensor, float]:
+        """Inverse frequencies (r/2,) float64 at this window length, and YaRN's attention factor."""
+        return rope_frequencies(self.rotary_dim, self.p["base"], self.dims.train_len, self.scaling, length)
+
     def angles(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin (T, D/2) at `pos`, YaRN's attention factor folded in."""
+        """cos and sin (T, r/2) at `pos`, YaRN's attention factor folded in."""
         length = int(pos.max()) + 1
-        s = self.scaling.scale(length, self.dims.train_len)
-        key = (self.scaling, s)
+        train_len = self.dims.train_len
+        # The frequencies depend on the length through s, and dynamic NTK also on the length itself.
+        grown = max(length, train_len) if self.scaling.kind == "dynamic-ntk" else 0
+        key = (self.scaling, self.scaling.scale(length, train_len), grown)
         if key not in self._tables:
-            inv, mscale = rope_frequencies(
-                self.head_dim, self.p["base"], self.dims.train_len, self.scaling, length
-            )
-            self._tables[key] = angle_table(inv, mscale)
-        cos_sin = self._tables[key](pos)  # (T, 2, D/2)
+            self._tables[key] = angle_table(*self.frequencies(length))
+        cos_sin = self._tables[key](pos)  # (T, 2, r/2)
         return cos_sin[:, 0], cos_sin[:, 1]
 
     def prepare(self, pos):
@@ -139,7 +197,43 @@ class RoPE(Scheme):
     def rotate(self, q, k, pos, ctx):
         cos, sin = ctx
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-        return rotate_half(q, cos, sin), rotate_half(k, cos, sin)
+        r = self.rotary_dim
+        if r == q.shape[-1]:
+            return rotate_half(q, cos, sin), rotate_half(k, cos, sin)
+        return (torch.cat([rotate_half(q[..., :r], cos, sin), q[..., r:]], dim=-1),
+                torch.cat([rotate_half(k[..., :r], cos, sin), k[..., r:]], dim=-1))
+
+
+@register
+class PRoPE(RoPE):
+    """p-RoPE (Barbero et al., ICLR 2025, "Round and Round We Go! What makes Rotary Positional
+    Encodings useful?"; Gemma's `rope_proportion`, transformers' `proportional` RoPE): the whole
+    head keeps RoPE's spectrum theta_t = base^(-2t/D), but only the floor(p * D/2) highest
+    frequencies (t < floor(p * D/2)) rotate; the lowest (1 - p) are set to 0, so those pairs carry
+    content alone. Unlike `rope` with `fraction` p, the kept frequencies are those of the full
+    head: at p = 0.5, D = 8 p-rope keeps 1 and base^(-1/4), rope fraction=0.5 keeps 1 and
+    base^(-1/2). Eval-time scaling acts on the full spectrum, then the dropped pairs are zeroed."""
+
+    name = "p-rope"
+    reference = "Barbero et al., ICLR 2025, arXiv:2410.06205"
+    notes = ("half-split (NeoX) pairs over the whole head; the lowest (1-p) of the frequencies "
+             "base^(-2t/D) set to 0; eval-time scaling as rope")
+    defaults = {"base": 10000.0, "fraction": 0.25}
+    added_params = ()
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        self.kept_pairs = share(self.p["fraction"], self.head_dim // 2, self.name)  # floor(p * D/2)
+
+    def _rotary_dim(self) -> int:
+        if self.head_dim % 2:
+            raise PosbenchError(f"{self.name} needs an even head dimension, got {self.head_dim}")
+        return self.head_dim
+
+    def frequencies(self, length):
+        inv, mscale = super().frequencies(length)
+        inv[self.kept_pairs:] = 0.0
+        return inv, mscale
 
 
 def xpos_zeta(dim: int) -> torch.Tensor:
