@@ -127,6 +127,31 @@ def test_rope_scaling_rows(trained):
     assert by[(64, "pi")] != by[(64, "none")] != by[(64, "yarn")]
 
 
+def test_dynamic_ntk_with_a_factor_and_llama3_rows(trained):
+    """With a fixed factor, dynamic-ntk is plain RoPE up to the training length (16) and scaled
+    beyond, unlike ntk; llama3 records non-default bounds in its scaling label."""
+    cfg = EvalConfig(lengths=(16, 64), tokens=64, rope_scaling=("none", "ntk", "dynamic-ntk", "llama3"),
+                     rope_scaling_factor=4.0, llama3_high=2.0)
+    (run,) = [p for p in trained.iterdir() if p.name.startswith("rope-")]
+    rows, _ = evaluate_run(run, cfg, "cpu")
+    loss = {(r["eval_len"], r["scaling"]): r["loss"] for r in rows}
+    assert {s for _, s in loss} == {"none", "ntk:4", "dynamic-ntk:4", "llama3:4(low=1,high=2)"}
+    assert loss[(16, "dynamic-ntk:4")] == loss[(16, "none")] != loss[(16, "ntk:4")]
+    assert loss[(64, "dynamic-ntk:4")] not in (loss[(64, "none")], loss[(64, "ntk:4")])
+    assert loss[(64, "llama3:4(low=1,high=2)")] != loss[(64, "none")]
+
+
+def test_llama3_bounds_from_the_command_line(trained, tmp_path, capsys):
+    args = ["extrapolate", "--runs-dir", str(trained), "--lengths", "32", "--tokens", "64", "--scheme", "rope",
+            "--rope-scaling", "llama3", "--llama3-low", "1", "--llama3-high", "2", "--device", "cpu",
+            "--out", str(tmp_path)]
+    assert main(args) == 0
+    assert {r["scaling"] for r in results.read_rows(tmp_path / "extrapolation.csv")} == {"llama3(low=1,high=2)"}
+    capsys.readouterr()
+    assert main([*args, "--llama3-high", "0.5"]) == 2
+    assert "0 < low < high" in capsys.readouterr().err
+
+
 def test_repeated_extrapolate_never_duplicates(trained, tmp_path):
     cfg = EvalConfig(lengths=(16, 32), tokens=64)
     extrapolate(trained, cfg, out=tmp_path, device="cpu")

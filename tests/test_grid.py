@@ -138,6 +138,8 @@ def test_run_cli_end_to_end(task_file, full_run, tmp_path, capsys):
     ('version = 1\nversion = 2\n', "invalid TOML"),
     ('version = 1\n[passkey]\ndepth = [0.5]\n', "did you mean 'depths'"),
     ('version = 1\n[passkey]\ndepths = [1.5]\n', r"depths must be a non-empty list in \[0, 1\]"),
+    ('version = 1\n[eval]\nrope_scaling = ["llama"]\n', "did you mean 'llama3'"),
+    ('version = 1\n[eval]\nllama3_low = 4.0\n', "must satisfy 0 < low < high, got 4.0 and 4.0"),
 ])
 def test_task_files_are_strict(tmp_path, text, message):
     bad = tmp_path / "bad.toml"

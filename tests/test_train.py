@@ -25,6 +25,27 @@ def test_run_id_depends_on_config_not_logistics(tiny_data):
                                                        train=TINY_TRAIN).run_id
 
 
+def test_parameters_added_later_keep_the_run_ids_of_the_committed_baseline():
+    """`rope` gained `fraction` after results/baseline/ci was trained: at its default the run_id
+    is the one recorded there (every scheme of the ci task is checked), and only another value
+    makes a new run."""
+    from pathlib import Path
+
+    from posbench import config
+
+    task = config.load_task("ci")
+    baseline = Path(__file__).parents[1] / "results" / "baseline" / "ci" / "runs.csv"
+    rows = results.read_rows(baseline)
+    assert {r["scheme"] for r in rows} == set(task.schemes)
+    for row in rows:
+        spec = RunSpec(row["scheme"], params=task.params.get(row["scheme"], {}), seed=int(row["seed"]),
+                       data=task.data, model=task.model, train=task.train)
+        assert spec.run_id == row["run_id"], row["scheme"]
+    rope = dict(data=task.data, model=task.model, train=task.train)
+    assert RunSpec("rope", params={"fraction": "1"}, **rope).run_id == "rope-f95421a2b3"
+    assert RunSpec("rope", params={"fraction": 0.25}, **rope).run_id != "rope-f95421a2b3"
+
+
 def test_train_writes_run_and_row(tiny_data, tmp_path):
     result = train(spec_for(tiny_data), tmp_path, device="cpu", progress=False)
     run_dir = tmp_path / result.run_id
