@@ -63,8 +63,8 @@ def find_runs(runs_dir: Path | str, schemes: list[str] | None = None) -> list[Pa
 
 def variants_for(spec: RunSpec, cfg: EvalConfig, scheme) -> list[Variant]:
     """The variants that apply to this run's scheme (others are skipped, not failed)."""
-    scalings = [RopeScaling(k, cfg.rope_scaling_factor, cfg.yarn_alpha, cfg.yarn_beta,
-                            cfg.llama3_low, cfg.llama3_high) for k in cfg.rope_scaling] if hasattr(scheme, "set_scaling") else [RopeScaling()]
+    scalings = [RopeScaling(k, cfg.rope_scaling_factor, cfg.yarn_alpha, cfg.yarn_beta, cfg.llama3_low, cfg.llama3_high)
+                for k in cfg.rope_scaling] if hasattr(scheme, "set_scaling") else [RopeScaling()]
     extensions = [e for e in cfg.learned_extension if e == "none" or e in scheme.extensions] or ["none"]
     return [Variant(s, e) for s in dict.fromkeys(scalings) for e in dict.fromkeys(extensions)]
 

@@ -88,7 +88,9 @@ def test_an_odd_rotated_width_is_one_line_from_the_command_line(corpus_dir, tmp_
             "--d-model", "32", "--layers", "1", "--heads", "4", "--tokenizer", "bytes", "--device", "cpu"]
     assert main(args) == 2
     err = capsys.readouterr().err  # above the last line: the data loader's progress, in-process only
-    assert "Traceback" not in err and err.strip().splitlines()[-1] == "error: rope: fraction=0.125 rotates r = floor(p * 8) = 1 dims of the head; r must be even"
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == ("error: rope: fraction=0.125 rotates r = floor(p * 8) = 1 dims "
+                                            "of the head; r must be even")
 
 
 def test_fractions_round_down():

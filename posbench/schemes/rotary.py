@@ -149,7 +149,7 @@ class RoPE(Scheme):
     family = "rotary"
     relative = True
     hooks = ("qk",)
-    reference = "Su et al. 2021, arXiv:2104.09864; fraction: GPT-NeoX rotary_pct (Black et al. 2022)"
+    reference = "Su et al. 2021, arXiv:2104.09864; fraction: GPT-NeoX rotary_pct (Black et al. 2022, arXiv:2204.06745)"
     extrapolates = "yes"
     notes = ("half-split (NeoX) pairs; fraction p rotates the first floor(p*D) dims at base^(-2t/r); "
              "eval-time scaling " + ", ".join(SCALINGS[1:]))
