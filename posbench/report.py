@@ -12,9 +12,25 @@ from rich.table import Table
 from posbench.errors import PosbenchError
 
 
+def changed_params(scheme: str, params) -> str:
+    """The `params` of a result row (`describe()`: "k=v,...") that differ from the scheme's
+    defaults, so that runs of one scheme with other parameters are not averaged as seeds."""
+    from posbench.schemes import SCHEMES
+
+    if scheme not in SCHEMES or not isinstance(params, str):
+        return ""
+    defaults = {k: str(v) for k, v in SCHEMES[scheme].defaults.items()}
+    pairs = (item.partition("=") for item in params.split(",") if item)
+    return ",".join(f"{k}={v}" for k, _, v in pairs if defaults.get(k) != v)
+
+
 def label(row) -> str:
-    """scheme, plus the eval-time variant when there is one: rope+yarn, learned+hierarchical."""
+    """scheme with the parameters that differ from its defaults, plus the eval-time variant when
+    there is one: rope, rope(fraction=0.25), rope+yarn, learned+hierarchical."""
     out = row["scheme"]
+    changed = changed_params(out, row.get("params"))
+    if changed:
+        out += f"({changed})"
     if str(row.get("scaling", "none")) not in ("none", "", "nan"):
         out += f"+{row['scaling']}"
     if str(row.get("extension", "none")) not in ("none", "", "nan"):

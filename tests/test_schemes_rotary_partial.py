@@ -98,3 +98,17 @@ def test_fractions_round_down():
     int(p * D // 2): rope 0.3 * 8 = 2.4 -> 2 dims; p-rope 0.3 * 4 = 1.2 -> 1 pair."""
     assert tiny_model("rope", fraction=0.3).scheme.rotary_dim == 2
     assert tiny_model("p-rope", fraction=0.3).scheme.kept_pairs == 1
+
+
+def test_report_keeps_runs_with_other_parameters_apart_from_seeds():
+    """rope and rope fraction=0.25 are two rows of the table, not one averaged over "seeds";
+    a row from before `fraction` existed (no fraction in params) is plain rope."""
+    from posbench.report import label, ppl_grid
+
+    rows = [{"scheme": "rope", "params": params, "eval_len": 64, "ppl": ppl, "status": "ok",
+             "scaling": "none", "extension": "none"}
+            for params, ppl in (("base=10000.0", 10.0), ("base=10000.0,fraction=1.0", 10.0),
+                                ("base=10000.0,fraction=0.25", 12.0))]
+    assert [label(r) for r in rows] == ["rope", "rope", "rope(fraction=0.25)"]
+    _, cells = ppl_grid([rows[0], rows[2]], mark=str)
+    assert cells == [["rope", "10.00"], ["rope(fraction=0.25)", "12.00"]]
