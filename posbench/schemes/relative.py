@@ -197,6 +197,7 @@ class DeBERTa(Scheme):
         "and transformers)"
     )
     defaults = {"k": 0, "p2c": "paper"}
+    added_params = ("p2c",)
 
     def __init__(self, dims):
         super().__init__(dims)
