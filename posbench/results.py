@@ -1,7 +1,9 @@
 """Result files: long-format CSV, one row per observation, columns declared once here.
 
-Writes are atomic (temp file + rename, under a lock) and merges are keyed: writing a row whose key
-is already present replaces it, so an interrupted or repeated run never loses or duplicates rows.
+Writes are atomic (a temp file unique to the writer, then one rename; merges under a lock) and
+merges are keyed: writing a row whose key is already present replaces it, so an interrupted or
+repeated run never loses or duplicates rows. Temp files are hidden (`.NAME.tmp-PID-RANDOM`), so a
+kill leaves nothing a reader picks up, and whoever next takes the lock removes them.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ import fcntl
 import functools
 import os
 import platform
+import secrets
 import subprocess
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
@@ -21,6 +23,7 @@ from typing import Any, Iterable
 import torch
 
 import posbench
+from posbench.errors import PosbenchError
 
 PROVENANCE = ["device", "dtype", "torch", "posbench", "git_sha", "python", "corpus", "created"]
 
@@ -73,14 +76,65 @@ def _fmt(value: Any) -> str:
 
 
 @contextlib.contextmanager
-def _locked(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / f".{path.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+def _flock(lock_path: Path, wait: bool = True):
+    """Hold an exclusive lock on lock_path; without `wait`, BlockingIOError if another holds it.
+    The holder's pid is written into the file for the message of whoever finds it taken."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         try:
+            lock.seek(0)
+            lock.truncate()
+            lock.write(f"{os.getpid()}\n")
+            lock.flush()
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    with _flock(path.parent / f".{path.name}.lock"):
+        remove_stale_temps(path.parent, path.name)
+        yield
+
+
+@contextlib.contextmanager
+def claim(directory: Path, what: str):
+    """Hold `directory` for one writer: a second process gets one clear line instead of writing
+    into the same files. Temp files a killed writer left there are removed."""
+    lock_path = directory / ".lock"
+    try:
+        with _flock(lock_path, wait=False):
+            remove_stale_temps(directory)
+            yield
+    except BlockingIOError:
+        holder = lock_path.read_text().strip() or "unknown"
+        raise PosbenchError(f"{what} is in use by another process (pid {holder}); "
+                            "wait for it to finish, then run again with --resume") from None
+
+
+TEMP_MARK = ".tmp-"
+
+
+def remove_stale_temps(directory: Path, name: str = "*") -> None:
+    """Remove temp files of `name` left in `directory` by a killed writer (call under the lock
+    that every writer of those files takes)."""
+    for stale in directory.glob(f".{name}{TEMP_MARK}*"):
+        stale.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def replacing(path: Path):
+    """A temp path beside `path`, unique to this process and call; once the block has written it,
+    it replaces `path` in one rename. On an error it is removed and `path` is untouched."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def read_rows(path: Path | str) -> list[dict[str, str]]:
@@ -92,11 +146,9 @@ def read_rows(path: Path | str) -> list[dict[str, str]]:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", newline="") as f:
+    # open() creates the file with mode 0666 less the umask, like any other file the user writes.
+    with replacing(path) as tmp, open(tmp, "x", newline="") as f:
         f.write(text)
-    os.replace(tmp, path)
 
 
 def merge_rows(directory: Path | str, table: str, rows: Iterable[dict[str, Any]]) -> Path:

@@ -3,10 +3,13 @@ training loop with checkpoints, resume, NaN stop, and the row it adds to runs.cs
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,6 +121,12 @@ class Distributed:
         dist.all_reduce(value)
         return value / self.world
 
+    def any(self, flag: bool, device: torch.device) -> bool:
+        """Whether `flag` is set on any rank, so that every rank stops at the same step."""
+        if self.world == 1:
+            return flag
+        return self.mean(torch.tensor(float(flag), device=device)).item() > 0
+
     def close(self) -> None:
         if self.world > 1:
             import torch.distributed as dist
@@ -201,7 +210,10 @@ CHECKPOINT = "checkpoint.safetensors"
 FINAL = "model.safetensors"
 
 
-def save_checkpoint(run_dir: Path, model, opt, gen, state: dict[str, Any]) -> None:
+def save_checkpoint(run_dir: Path, model, opt, gen, state: dict[str, Any], log: list[dict[str, Any]]) -> None:
+    """Model, optimizer, batch generator and the training log as of one completed step, in one
+    file written by one rename: a kill at any moment leaves either the previous checkpoint or this
+    one, never a log that disagrees with the weights. log.csv is a view of it, written after."""
     from safetensors.torch import save_file
 
     tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
@@ -209,9 +221,10 @@ def save_checkpoint(run_dir: Path, model, opt, gen, state: dict[str, Any]) -> No
         for k, v in s.items():
             tensors[f"opt.{i}.{k}"] = torch.as_tensor(v).cpu().contiguous()
     tensors["rng.batch"] = gen.get_state()
-    tmp = run_dir / (CHECKPOINT + ".tmp")
-    save_file(tensors, str(tmp), metadata={"state": json.dumps(state)})
-    tmp.replace(run_dir / CHECKPOINT)
+    tensors["log"] = _log_tensor(log)
+    with results.replacing(run_dir / CHECKPOINT) as tmp:
+        save_file(tensors, str(tmp), metadata={"state": json.dumps(state)})
+    _write_log(run_dir, log)
 
 
 def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -227,10 +240,14 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, st
         ) from None
 
 
-def load_checkpoint(run_dir: Path, model, opt, gen) -> dict[str, Any]:
+def load_checkpoint(run_dir: Path, model, opt, gen) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The state dict and log of the checkpoint; model, optimizer and generator are set to it."""
     tensors, meta = _read_safetensors(run_dir / CHECKPOINT)
     try:
         state = json.loads(meta["state"])
+        log = _log_rows(tensors["log"])
+        if [e["step"] for e in log] != list(range(1, state["step"] + 1)):
+            raise ValueError(f"its log does not hold steps 1..{state['step']}")
         model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
         opt_state = opt.state_dict()
         per_param: dict[int, dict[str, torch.Tensor]] = {}
@@ -241,12 +258,12 @@ def load_checkpoint(run_dir: Path, model, opt, gen) -> dict[str, Any]:
         opt_state["state"] = per_param
         opt.load_state_dict(opt_state)
         gen.set_state(tensors["rng.batch"])
-    except (KeyError, RuntimeError, ValueError) as e:
+    except (KeyError, RuntimeError, ValueError, IndexError) as e:
         raise PosbenchError(
             f"corrupt checkpoint {run_dir / CHECKPOINT}: {str(e).splitlines()[0]}; "
             "delete the run directory or train again without --resume"
         ) from None
-    return state
+    return state, log
 
 
 def load_trained(run_dir: Path, device="cpu") -> tuple[RunSpec, Transformer, int]:
@@ -293,13 +310,42 @@ def _write_log(run_dir: Path, rows: list[dict[str, Any]]) -> None:
     results.write_atomic(run_dir / "log.csv", "\n".join(lines) + "\n")
 
 
-def _read_log(run_dir: Path, upto: int) -> list[dict[str, Any]]:
-    rows = results.read_rows(run_dir / "log.csv")
+def _log_tensor(log: list[dict[str, Any]]) -> torch.Tensor:
+    # float64 holds every logged value exactly (float32 losses, Python floats, integer counts).
+    rows = [[math.nan if e.get(c) is None else float(e[c]) for c in LOG_COLUMNS] for e in log]
+    return torch.tensor(rows, dtype=torch.float64).reshape(len(log), len(LOG_COLUMNS))
+
+
+def _log_rows(table: torch.Tensor) -> list[dict[str, Any]]:
+    counts = ("step", "tokens")
     return [
-        {c: (float(r[c]) if r[c] not in ("", None) else None) for c in LOG_COLUMNS}
-        for r in rows
-        if int(float(r["step"])) <= upto
+        {c: (int(v) if c in counts else None if math.isnan(v) else v) for c, v in zip(LOG_COLUMNS, row)}
+        for row in table.tolist()
     ]
+
+
+@contextlib.contextmanager
+def _interrupt_at_step_end():
+    """Ctrl-C during a step lets the step finish: model, optimizer, batch generator and log then
+    all stand after the same step, and the checkpoint resumes bitwise. A second Ctrl-C stops at
+    once (KeyboardInterrupt), leaving the last checkpoint, also a consistent one. Yields a list
+    that is non-empty once Ctrl-C was pressed. Signals reach only the main thread: elsewhere
+    Ctrl-C is left as it is."""
+    pressed: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield pressed
+        return
+
+    def handler(signum, frame):
+        if pressed:
+            raise KeyboardInterrupt
+        pressed.append(signum)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
 
 
 def train(
@@ -320,7 +366,8 @@ def train(
     run_dir = runs_dir / spec.run_id
     ddp, dev = Distributed.from_env(resolve_device(device))
     try:
-        return _train(spec, runs_dir, run_dir, dev, ddp, resume, progress and ddp.main, data, stop_after)
+        with results.claim(run_dir, f"run {spec.run_id}") if ddp.main else contextlib.nullcontext():
+            return _train(spec, runs_dir, run_dir, dev, ddp, resume, progress and ddp.main, data, stop_after)
     finally:
         ddp.close()
 
@@ -343,9 +390,10 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
 
     step, seconds, log = 0, 0.0, []
     if resume and (run_dir / CHECKPOINT).exists():
-        state = load_checkpoint(run_dir, model, opt, gen)
+        state, log = load_checkpoint(run_dir, model, opt, gen)
         step, seconds = state["step"], state["seconds"]
-        log = _read_log(run_dir, step)
+        if ddp.main:
+            _write_log(run_dir, log)  # the view may lag its checkpoint after a kill
     elif ddp.main:
         (run_dir / FINAL).unlink(missing_ok=True)
         (run_dir / CHECKPOINT).unlink(missing_ok=True)
@@ -362,12 +410,16 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
         **results.provenance(dev.type, t.dtype, data.fingerprint),
     }
 
+    saved = step
+
     def checkpoint():
+        nonlocal saved
         if ddp.main:
-            save_checkpoint(run_dir, model, opt, gen, {"step": step, "seconds": seconds})
-            _write_log(run_dir, log)
+            save_checkpoint(run_dir, model, opt, gen, {"step": step, "seconds": seconds}, log)
+        saved = step
 
     def fail(message: str):
+        gen.set_state(gen_at_step_start)  # the checkpoint holds the step before this one
         checkpoint()
         if ddp.main:
             results.merge_rows(runs_dir, "runs", [{**row_base, "status": "failed", "message": message,
@@ -378,10 +430,14 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
     bar = _progress(progress)
     task_id = bar.add_task(spec.run_id, total=t.steps, completed=step, loss=float("nan"), tps=0.0)
     stop_at = t.steps if stop_after is None else min(t.steps, step + stop_after)
-    with bar:
+    with bar, _interrupt_at_step_end() as pressed:
         try:
             while step < stop_at:
+                if ddp.any(bool(pressed), dev):
+                    checkpoint()
+                    raise PosbenchError(f"interrupted at step {step}; continue with the same command and --resume")
                 began = time.perf_counter()
+                gen_at_step_start = gen.get_state()
                 for group in opt.param_groups:
                     group["lr"] = lr_at(step, t)
                 x, y = sample_batch(stream, t, gen)
@@ -409,9 +465,8 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
                 if step % t.checkpoint_interval == 0:
                     checkpoint()
         except KeyboardInterrupt:
-            checkpoint()
             raise PosbenchError(
-                f"interrupted at step {step}; continue with the same command and --resume"
+                f"stopped at once; --resume continues from the checkpoint of step {saved}"
             ) from None
     checkpoint()
     if step < t.steps:
@@ -421,9 +476,8 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
 
     from safetensors.torch import save_file
 
-    tmp = run_dir / (FINAL + ".tmp")
-    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(tmp))
-    tmp.replace(run_dir / FINAL)
+    with results.replacing(run_dir / FINAL) as tmp:
+        save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(tmp))
     tail = [e["loss"] for e in log[-10:]]
     tokens = t.steps * t.batch_size * t.train_len
     row = {
