@@ -124,19 +124,6 @@ def remove_stale_temps(directory: Path, name: str = "*") -> None:
         stale.unlink(missing_ok=True)
 
 
-@contextlib.contextmanager
-def replacing(path: Path):
-    """A temp path beside `path`, unique to this process and call; once the block has written it,
-    it replaces `path` in one rename. On an error it is removed and `path` is untouched."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def read_rows(path: Path | str) -> list[dict[str, str]]:
     path = Path(path)
     if not path.exists():
@@ -145,10 +132,18 @@ def read_rows(path: Path | str) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def write_atomic(path: Path, text: str) -> None:
-    # open() creates the file with mode 0666 less the umask, like any other file the user writes.
-    with replacing(path) as tmp, open(tmp, "x", newline="") as f:
-        f.write(text)
+def write_atomic(path: Path, content: str | bytes) -> None:
+    """Replace `path` in one rename by a temp file beside it, unique to this process and call; on
+    an error the temp is removed and `path` is untouched. The file gets mode 0666 less the umask,
+    like any other file the user writes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        with open(tmp, "xb") as f:
+            f.write(content.encode() if isinstance(content, str) else content)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def merge_rows(directory: Path | str, table: str, rows: Iterable[dict[str, Any]]) -> Path:

@@ -214,7 +214,7 @@ def save_checkpoint(run_dir: Path, model, opt, gen, state: dict[str, Any], log: 
     """Model, optimizer, batch generator and the training log as of one completed step, in one
     file written by one rename: a kill at any moment leaves either the previous checkpoint or this
     one, never a log that disagrees with the weights. log.csv is a view of it, written after."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     for i, s in opt.state_dict()["state"].items():
@@ -222,8 +222,8 @@ def save_checkpoint(run_dir: Path, model, opt, gen, state: dict[str, Any], log: 
             tensors[f"opt.{i}.{k}"] = torch.as_tensor(v).cpu().contiguous()
     tensors["rng.batch"] = gen.get_state()
     tensors["log"] = _log_tensor(log)
-    with results.replacing(run_dir / CHECKPOINT) as tmp:
-        save_file(tensors, str(tmp), metadata={"state": json.dumps(state)})
+    # Serialized here and written by write_atomic: safetensors' own save_file makes files 0600.
+    results.write_atomic(run_dir / CHECKPOINT, save(tensors, metadata={"state": json.dumps(state)}))
     _write_log(run_dir, log)
 
 
@@ -474,10 +474,9 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
     if not ddp.main:
         return TrainResult(spec.run_id, run_dir, {**row_base, "status": "ok"})
 
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
-    with results.replacing(run_dir / FINAL) as tmp:
-        save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(tmp))
+    results.write_atomic(run_dir / FINAL, save({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}))
     tail = [e["loss"] for e in log[-10:]]
     tokens = t.steps * t.batch_size * t.train_len
     row = {
