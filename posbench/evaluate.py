@@ -197,6 +197,23 @@ def position_rows(row: dict, total: torch.Tensor, count: torch.Tensor, buckets: 
     return out
 
 
+def position_keys(rows: list[dict[str, str]], cfg: EvalConfig) -> set[tuple[str, ...]]:
+    """The positions.csv keys that go with these extrapolation.csv rows: one per bucket that holds
+    a scored position (a sliding window scores its last `stride`); none for an unsupported length."""
+    keys = set()
+    for r in rows:
+        if r["status"] == "unsupported":
+            continue
+        length = int(r["eval_len"])
+        first = length - int(r["stride"]) if r["mode"] == "sliding" else 0
+        edges = bucket_edges(length, cfg.position_buckets)
+        keys |= {
+            (r["run_id"], r["eval_len"], r["mode"], r["stride"], r["scaling"], r["extension"], str(b))
+            for b, end in enumerate(edges[1:]) if end > first
+        }
+    return keys
+
+
 def extrapolate(runs_dir: Path | str, cfg: EvalConfig, schemes: list[str] | None = None,
                 out: Path | str | None = None, device: str = "auto", progress: bool = False,
                 runs: list[Path] | None = None) -> list[dict]:

@@ -49,6 +49,12 @@ def finished(out: Path, spec: RunSpec) -> bool:
     return ok and (out / spec.run_id / FINAL).exists()
 
 
+def table_rows(out: Path, table: str, keys: set[tuple[str, ...]]) -> list[dict[str, str]]:
+    """The rows of out/<table>.csv whose key is one of `keys`."""
+    key = results.TABLES[table]["key"]
+    return [r for r in results.read_rows(results.table_path(out, table)) if tuple(r[k] for k in key) in keys]
+
+
 def evaluated(out: Path, table: str, expected: set[tuple[str, ...]]) -> bool:
     """Whether out/<table>.csv already holds a row for every key of `expected`."""
     key = results.TABLES[table]["key"]
@@ -84,7 +90,11 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
         for spec in specs:
             run_dir = out / spec.run_id
             _, model, _ = load_trained(run_dir)
-            if evaluated(out, "extrapolation", evaluate.row_keys(spec, task.eval, model.scheme)):
+            # Each table is checked for its own rows: a kill between the two writes below leaves
+            # extrapolation.csv complete and positions.csv not.
+            keys = evaluate.row_keys(spec, task.eval, model.scheme)
+            positions = evaluate.position_keys(table_rows(out, "extrapolation", keys), task.eval)
+            if evaluated(out, "extrapolation", keys) and evaluated(out, "positions", positions):
                 done["skipped_eval"] += 1
             else:
                 log(f"extrapolate {spec.run_id}")

@@ -78,6 +78,40 @@ def test_second_run_skips_everything_and_deleted_run_is_redone(task_file, full_r
     assert len(results.read_rows(out / "runs.csv")) == 6
 
 
+def test_rerun_completes_positions_lost_to_a_kill(task_file, full_run, tmp_path):
+    task = config.load_task(str(task_file))
+    out = tmp_path / "out"
+    shutil.copytree(full_run, out)
+    # Killed between the writes of one run's extrapolation rows and its positions rows.
+    victim = sorted(p.name for p in out.iterdir() if p.name.startswith("rope-"))[0]
+    columns = results.TABLES["positions"]["columns"]
+    kept = [r for r in results.read_rows(out / "positions.csv") if r["run_id"] != victim]
+    results.write_atomic(out / "positions.csv", results._to_csv(columns, kept))
+    done = run_task(task, out, device="cpu", speed=False)
+    assert done["evaluated"] == 1 and done["skipped_eval"] == 5
+    assert key_rows(out, "positions") == key_rows(full_run, "positions")
+    assert key_rows(out) == key_rows(full_run)
+
+
+@pytest.mark.parametrize("mode", ["nonoverlap", "sliding"])
+def test_position_keys_are_the_rows_evaluation_writes(full_run, mode):
+    import dataclasses
+
+    from posbench import evaluate
+
+    cfg = dataclasses.replace(config.EvalConfig(), mode=mode, lengths=(16, 32), tokens=64,
+                              learned_extension=("none",), position_buckets=8)
+    statuses = set()
+    for run_dir in (next(full_run.glob("rope-*")), next(full_run.glob("learned-*"))):
+        rows, positions = evaluate.evaluate_run(run_dir, cfg, "cpu")
+        key = results.TABLES["positions"]["key"]
+        written = {tuple(str(r[k]) for k in key) for r in positions}
+        as_read = [{k: str(v) for k, v in r.items()} for r in rows]
+        assert written and evaluate.position_keys(as_read, cfg) == written
+        statuses |= {r["status"] for r in rows}
+    assert statuses == {"ok", "unsupported"}  # learned has no rows beyond its table
+
+
 def test_shards_partition_the_grid_and_merge_to_the_full_rows(task_file, full_run, tmp_path):
     task = config.load_task(str(task_file))
     specs = grid(task)
