@@ -9,6 +9,7 @@ import json
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -258,7 +259,7 @@ def load_checkpoint(run_dir: Path, model, opt, gen) -> tuple[dict[str, Any], lis
         opt_state["state"] = per_param
         opt.load_state_dict(opt_state)
         gen.set_state(tensors["rng.batch"])
-    except (KeyError, RuntimeError, ValueError, IndexError) as e:
+    except (KeyError, RuntimeError, ValueError, TypeError) as e:
         raise PosbenchError(
             f"corrupt checkpoint {run_dir / CHECKPOINT}: {str(e).splitlines()[0]}; "
             "delete the run directory or train again without --resume"
@@ -317,6 +318,8 @@ def _log_tensor(log: list[dict[str, Any]]) -> torch.Tensor:
 
 
 def _log_rows(table: torch.Tensor) -> list[dict[str, Any]]:
+    if table.dim() != 2 or table.shape[1] != len(LOG_COLUMNS):
+        raise ValueError(f"its log has shape {tuple(table.shape)}, not (steps, {len(LOG_COLUMNS)})")
     counts = ("step", "tokens")
     return [
         {c: (int(v) if c in counts else None if math.isnan(v) else v) for c, v in zip(LOG_COLUMNS, row)}
@@ -340,6 +343,7 @@ def _interrupt_at_step_end():
         if pressed:
             raise KeyboardInterrupt
         pressed.append(signum)
+        print("finishing this step, then saving a checkpoint; Ctrl-C again stops at once", file=sys.stderr)
 
     previous = signal.signal(signal.SIGINT, handler)
     try:
