@@ -333,9 +333,9 @@ def _interrupt_at_step_end():
     all stand after the same step, and the checkpoint resumes bitwise. A second Ctrl-C stops at
     once (KeyboardInterrupt), leaving the last checkpoint, also a consistent one. Yields a list
     that is non-empty once Ctrl-C was pressed. Signals reach only the main thread: elsewhere
-    Ctrl-C is left as it is."""
+    Ctrl-C is left as it is, and so is a SIGINT that the parent process chose to ignore."""
     pressed: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         yield pressed
         return
 
