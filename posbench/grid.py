@@ -84,7 +84,7 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
         for spec in specs:
             run_dir = out / spec.run_id
             _, model, _ = load_trained(run_dir)
-            if evaluated(out, "extrapolation", evaluate.row_keys(spec, task.eval, model.scheme)):
+            if evaluated(out, "extrapolation", evaluate.row_keys(spec, task.eval, model.layout)):
                 done["skipped_eval"] += 1
             else:
                 log(f"extrapolate {spec.run_id}")
@@ -108,7 +108,7 @@ def run_passkey(task: Task, out: Path, specs: list[RunSpec], device: str, done: 
     for spec in specs:
         run_dir = out / spec.run_id
         _, model, _ = load_trained(run_dir)
-        if evaluated(out, "passkey", passkey.row_keys(spec, task.passkey, task.eval, model.scheme)):
+        if evaluated(out, "passkey", passkey.row_keys(spec, task.passkey, task.eval, model.layout)):
             done["skipped_passkey"] += 1
             continue
         log(f"passkey {spec.run_id}")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from posbench import attention
+from posbench import attention, layout
 from posbench.schemes import SCHEMES
 
 ALL = sorted(SCHEMES)
@@ -57,7 +57,7 @@ def test_absolute_schemes_see_positions(name):
 @pytest.mark.parametrize("name", ALL)
 def test_runs_at_8x_training_length(name):
     model = tiny_model(name)
-    limit = model.scheme.position_limit()
+    limit = model.layout.schemes[0].position_limit()
     x = torch.randint(0, 50, (1, 8 * T))
     if limit is not None and limit < 8 * T:
         with pytest.raises(Exception, match="beyond"):
@@ -123,7 +123,7 @@ def test_randomized_positions(name):
     from posbench.model import ModelConfig, Transformer
 
     dims = Dims(d_model=32, n_heads=4, n_layers=2, vocab_size=50, train_len=T, max_position=512)
-    model = Transformer(ModelConfig(50, 32, 2, 4), SCHEMES[name](dims))
+    model = Transformer(ModelConfig(50, 32, 2, 4), layout.build(name, dims))
     pos = torch.randperm(512)[:T].sort().values
     out = model(torch.randint(0, 50, (2, T)), pos)
     assert torch.isfinite(out).all()
@@ -133,4 +133,4 @@ def test_randomized_positions(name):
 def test_catalogue_fields(name):
     cls = SCHEMES[name]
     assert cls.family and cls.reference and cls.extrapolates in ("yes", "no", "extension")
-    assert attention.choose_backend(tiny_model(name).scheme, "cpu") in attention.BACKENDS
+    assert attention.choose_backend(tiny_model(name).layout.schemes[0], "cpu") in attention.BACKENDS
