@@ -213,7 +213,7 @@ def _parse_layer(text: str, spec: str) -> tuple[LayerSpec, int]:
     try:
         cls = get_scheme(scheme)
     except PosbenchError:
-        raise did_you_mean(scheme, _registry(), f"scheme {where}") from None
+        raise PosbenchError(f"{did_you_mean(scheme, _registry(), 'scheme')} {where}") from None
     resolved = coerce_params(cls, params)
     kept = tuple(sorted((k, v) for k, v in resolved.items() if v != cls.defaults[k]))
     span, size = "full", 0
@@ -228,7 +228,7 @@ def _parse_layer(text: str, spec: str) -> tuple[LayerSpec, int]:
     if plus:
         temperature, tparams = _name_and_params(temp_text, where)
         if temperature not in TEMPERATURES:
-            raise did_you_mean(temperature, TEMPERATURES, f"temperature {where}")
+            raise PosbenchError(f"{did_you_mean(temperature, TEMPERATURES, 'temperature')} {where}")
         defaults = TEMPERATURES[temperature]
         for key, value in tparams.items():
             if key not in defaults:

@@ -80,7 +80,7 @@ class Transformer(nn.Module):
         # generic init (and last, so a one-scheme model's parameters come in their old order).
         self.layout = layout
         self.backend: str | None = None  # None: chosen per layer from its scheme, span and device
-        self._register_load_state_dict_pre_hook(_one_scheme_keys)
+        self.register_load_state_dict_pre_hook(_one_scheme_keys)
 
     def _init_weights(self):
         for name, p in self.named_parameters():
