@@ -26,7 +26,6 @@ import torch
 import torch.nn.functional as F
 
 BACKENDS = ("sdpa-causal", "sdpa-mask", "sdpa-bias", "flex", "explicit")
-SPAN_KINDS = ("full", "window", "chunk")
 
 
 @dataclass(frozen=True)

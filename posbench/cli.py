@@ -332,11 +332,11 @@ def _split(text: str | None) -> tuple[str, ...] | None:
 
 def _scheme_names(scheme: list[str] | None) -> tuple[str, ...] | None:
     """--scheme values (repeatable or comma-separated), each checked: schemes, presets and
-    layout specs, the latter in their canonical form."""
+    layout specs, as their runs record them."""
     from posbench import layout
 
     names = _split(",".join(scheme)) if scheme else None
-    return tuple(layout.check(name) for name in names) if names else names
+    return tuple(layout.recorded(name) for name in names) if names else names
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from posbench import results
+from posbench import layout, results
 from posbench.config import Task
 from posbench.data import load_tokens
 from posbench.errors import PosbenchError
@@ -127,7 +127,7 @@ def run_speed_once(task: Task, out: Path, device: str, log) -> int:
     s = task.speed
     wanted = {
         (name, str(n), p)
-        for name in {*task.schemes, BASELINE} for n in s.lengths for p in (PASSES if s.backward else PASSES[:1])
+        for name in {*map(layout.check, task.schemes), BASELINE} for n in s.lengths for p in (PASSES if s.backward else PASSES[:1])
     }
     here = {"device_name": device_name(resolve_device(device)), "dtype": s.dtype,
             "batch": str(s.batch_size), "heads": str(s.heads), "head_dim": str(s.head_dim)}

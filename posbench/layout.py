@@ -32,7 +32,7 @@ from torch import nn
 from posbench import attention
 from posbench.attention import FULL, Span
 from posbench.errors import PosbenchError, did_you_mean
-from posbench.schemes import Dims, Scheme, get_scheme
+from posbench.schemes import SCHEMES, Dims, Scheme, get_scheme
 from posbench.schemes.base import coerce_params
 from posbench.temperature import TEMPERATURES, Temperature
 
@@ -153,16 +153,10 @@ def parse(name: str) -> Layout:
         try:
             get_scheme(name)
         except PosbenchError:
-            raise did_you_mean(name, [*_registry(), *PRESETS], "scheme or layout") from None
+            raise did_you_mean(name, [*SCHEMES, *PRESETS], "scheme or layout") from None
         return Layout(name, (LayerSpec(name),))
     layout = _parse_spec(name)
     return Layout(str(layout), layout.pattern)
-
-
-def _registry():
-    from posbench.schemes import SCHEMES
-
-    return SCHEMES
 
 
 def _parse_spec(spec: str) -> Layout:
@@ -213,7 +207,7 @@ def _parse_layer(text: str, spec: str) -> tuple[LayerSpec, int]:
     try:
         cls = get_scheme(scheme)
     except PosbenchError:
-        raise PosbenchError(f"{did_you_mean(scheme, _registry(), 'scheme')} {where}") from None
+        raise PosbenchError(f"{did_you_mean(scheme, SCHEMES, 'scheme')} {where}") from None
     resolved = coerce_params(cls, params)
     kept = tuple(sorted((k, v) for k, v in resolved.items() if v != cls.defaults[k]))
     span, size = "full", 0
@@ -258,8 +252,16 @@ def _name_and_params(text: str, where: str) -> tuple[str, dict[str, str]]:
 
 
 def check(name: str) -> str:
-    """Raise the one-line error of a bad scheme/preset/spec; return its name as rows record it."""
+    """Raise the one-line error of a bad scheme/preset/spec; return its canonical name."""
     return parse(name).name
+
+
+def recorded(name: str) -> str:
+    """The name a run of `name` records in its rows and run_id: the scheme of a one-scheme spec
+    (``rope:base=500`` is `rope` with a parameter), else the preset or canonical spec."""
+    layout = parse(name)
+    plain = layout.plain()
+    return plain[0] if plain is not None else layout.name
 
 
 def run_prefix(name: str) -> str:

@@ -30,7 +30,8 @@ TEMPERATURES: dict[str, dict[str, Any]] = {
     "none": {},
     "logn": {},
     "ssmax": {"init": 0.43},
-    "llama4": {"beta": 0.1, "floor": 0},  # floor 0: a quarter of the training length
+    "llama4": {"beta": 0.1, "floor": 0},  # floor 0: a quarter of the training length (the layout
+    # resolves it before a Temperature is built)
 }
 
 
@@ -41,7 +42,8 @@ class Temperature(nn.Module):
         self.train_len = train_len
         self.p = params
         if kind == "ssmax":
-            self.s = nn.Parameter(torch.full((n_heads, 1, 1), float(params["init"])))
+            # (H,): one-dimensional, so the optimizer does not decay it toward 0
+            self.s = nn.Parameter(torch.full((n_heads,), float(params["init"])))
 
     def factor(self, pos: torch.Tensor, span: Span) -> torch.Tensor | None:
         """What q (B, H, T, D) is multiplied by: (T, 1) or (H, T, 1); None for no temperature."""
@@ -50,9 +52,8 @@ class Temperature(nn.Module):
             return scale.clamp(min=1.0)[:, None]
         if self.kind == "ssmax":
             n = span.visible(pos.shape[0], pos.device).float()
-            return self.s * torch.log(n)[:, None]
+            return self.s[:, None, None] * torch.log(n)[:, None]
         if self.kind == "llama4":
-            floor = self.p["floor"] or max(1, self.train_len // 4)
-            steps = torch.floor((pos.float() + 1) / floor)
+            steps = torch.floor((pos.float() + 1) / self.p["floor"])
             return (1 + self.p["beta"] * torch.log(steps + 1))[:, None]
         return None
