@@ -11,7 +11,8 @@ MLP or output head, so the differences between rows are the schemes'.
 A preset or layout runs one period of its pattern (rnope-swa: 3 windowed layers and 1 full), one
 `model.Attention` per layer, each fed the previous one's output; its median_ms, iqr_ms, tflops
 and tokens_per_second are per layer (the period's time over its layers), so its row compares
-with a scheme's as the mean cost of one of its layers; peak_mem_mb is the period's. On CPU a
+with a scheme's as the mean cost of one of its layers; peak_mem_mb is the period's. Spans given
+no size are a quarter of `train_len` (the shortest length unless given). On CPU a
 windowed or chunked layer takes the bool-mask SDPA path (`sdpa-mask`), which computes every score
 and masks it: it costs what full attention costs. On CUDA it takes FlexAttention, whose
 BlockMask skips the blocks outside the span, so its cost grows linearly with the length.
