@@ -52,10 +52,12 @@ TINY_TRAIN = TrainConfig(train_len=16, steps=6, batch_size=4, warmup=2, eval_int
                          eval_windows=4, checkpoint_interval=2)
 
 
-def tiny_model(name: str, train_len: int = 16, seed: int = 0, vocab: int = 50, n_layers: int = 2,
-               **params) -> Transformer:
-    """A scheme, preset or layout spec on a tiny model; `model.layout.schemes[0]` is the first
-    (for a scheme: the only) scheme."""
+def tiny_model(name: str, train_len: int = 16, seed: int = 0, vocab: int = 50,
+               n_layers: int | None = None, **params) -> Transformer:
+    """A scheme, preset or layout spec on a tiny model, 2 layers or one period of the layout's
+    pattern if longer; `model.layout.schemes[0]` is the first (for a scheme: the only) scheme."""
+    if n_layers is None:
+        n_layers = max(2, len(layout.parse(name).pattern))
     torch.manual_seed(seed)
     dims = Dims(d_model=32, n_heads=4, n_layers=n_layers, vocab_size=vocab, train_len=train_len,
                 max_position=train_len, params=params)

@@ -294,3 +294,17 @@ def test_presets_build_on_the_tiny_model():
     assert irope.temperatures[3].p["floor"] == 4
     gemma = tiny_model("gemma3-local-global", n_layers=4).layout
     assert [s.p["base"] for s in gemma.schemes] == [10000.0, 1e6]
+
+
+def test_task_files_take_layouts(tmp_path):
+    from posbench.config import load_task
+
+    task = load_task("layouts")
+    assert "rnope-swa" in task.schemes and task.eval.lengths[-1] == 16 * task.train.train_len
+    path = tmp_path / "t.toml"
+    path.write_text('schemes = ["rope@w*3/none"]\n[params.rnope-swa]\nbase = 5\n')
+    with pytest.raises(PosbenchError, match="inside its spec"):
+        load_task(str(path))
+    path.write_text('schemes = ["rope@w*3/nne"]\n')
+    with pytest.raises(PosbenchError, match="unknown scheme 'nne'"):
+        load_task(str(path))
