@@ -308,3 +308,23 @@ def test_task_files_take_layouts(tmp_path):
     path.write_text('schemes = ["rope@w*3/nne"]\n')
     with pytest.raises(PosbenchError, match="unknown scheme 'nne'"):
         load_task(str(path))
+
+
+@pytest.mark.parametrize("spec", ["rope@w4+ssmax/alibi@c4+logn", "irope"])
+def test_model_paths_agree_with_explicit_with_gradients(spec):
+    """Whole models, temperatures included: the chosen paths and the explicit one give the same
+    losses and gradients (positions past train_len, so logn and llama4 are active)."""
+    import copy
+
+    fast = tiny_model(spec, n_layers=4).train()
+    slow = copy.deepcopy(fast)
+    slow.backend = "explicit"
+    x = torch.randint(0, 50, (2, 3 * T))
+    losses = [m.token_losses(x, x).mean() for m in (fast, slow)]
+    for loss in losses:
+        loss.backward()
+    assert torch.allclose(losses[0], losses[1], atol=1e-5)
+    for (n, a), (_, b) in zip(fast.named_parameters(), slow.named_parameters()):
+        assert (a.grad is None) == (b.grad is None), n
+        if a.grad is not None:
+            assert torch.allclose(a.grad, b.grad, atol=1e-5), n
