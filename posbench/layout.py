@@ -70,7 +70,8 @@ PRESETS: dict[str, tuple[str, str, str]] = {
 
 
 def _fmt(value: Any) -> str:
-    return repr(value) if isinstance(value, float) else str(value)
+    """A value as a spec writes it: '+' separates a temperature, so 1e+20 is written 1e20."""
+    return repr(value).replace("e+", "e") if isinstance(value, float) else str(value)
 
 
 @dataclass(frozen=True)

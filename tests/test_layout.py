@@ -237,9 +237,11 @@ def test_contexts_built_once_per_scheme_and_span(monkeypatch):
     ("none+llama4:beta=0.1", "none+llama4"),
     ("rope@full+logn", "rope+logn"),
     ("rnope-swa", "rnope-swa"),
+    ("rope:base=1e20@w", "rope:base=1e20@w"),
 ])
 def test_canonical_form(spec, canonical):
     assert layout.check(spec) == canonical
+    assert layout.check(canonical) == canonical  # the canonical form parses to itself
 
 
 @pytest.mark.parametrize("spec,message", [
