@@ -1,13 +1,19 @@
-"""The attention paths, chosen from a scheme's hooks (DESIGN.md, Model):
+"""The attention paths, chosen from a scheme's hooks and a layer's span (DESIGN.md, Model):
 
-- ``sdpa-causal``: input/qk/mixer schemes: F.scaled_dot_product_attention(is_causal=True), flash on
-  a GPU.
-- ``flex``: content-independent biases on CUDA: FlexAttention with the scheme's ``bias_fn`` as
-  score_mod and a causal BlockMask (compiled once; recompiled per length, dtype and scheme).
-- ``sdpa-bias``: content-independent biases elsewhere: SDPA with an (H, T, T) float mask, built
-  once per forward and shared by the layers.
+- ``sdpa-causal``: input/qk/mixer schemes over full causal attention:
+  F.scaled_dot_product_attention(is_causal=True), flash on a GPU.
+- ``flex``: content-independent biases, or a window or chunk span, on CUDA: FlexAttention with the
+  scheme's ``bias_fn`` as score_mod and a BlockMask built from the span's ``mask_mod``, so a
+  windowed or chunked layer skips every block outside its span (compiled once; recompiled per
+  length, dtype and scheme).
+- ``sdpa-bias``: content-independent biases elsewhere: SDPA with an (H, T, T) float mask (the bias,
+  -inf outside the span), built once per forward and shared by the layers.
+- ``sdpa-mask``: a window or chunk span without a bias elsewhere: SDPA with a (T, T) bool mask.
+  It computes every score and discards those outside the span: the cost of full attention.
 - ``explicit``: content-dependent terms (logits/values hooks): the scores materialized, then
   softmax. It is also the reference every other path is tested against.
+
+Contexts are built once per forward for each distinct (scheme, span) and shared by its layers.
 """
 
 from __future__ import annotations
@@ -19,7 +25,45 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-BACKENDS = ("sdpa-causal", "sdpa-bias", "flex", "explicit")
+BACKENDS = ("sdpa-causal", "sdpa-mask", "sdpa-bias", "flex", "explicit")
+
+
+@dataclass(frozen=True)
+class Span:
+    """Which keys a query sees, by token index i (query) and j (key) inside the window: full
+    causal (j <= i), a sliding window of `size` (i - size < j <= i) or chunks of `size`
+    (floor(i / size) == floor(j / size) and j <= i). Indices, not positions: a span bounds how
+    many keys a layer reads, whatever positions the scheme is given."""
+
+    kind: str = "full"
+    size: int = 0
+
+    def allowed(self, i, j):
+        """Elementwise on broadcastable index tensors: True where query i may see key j. The
+        same function is FlexAttention's mask_mod and builds the SDPA and explicit masks."""
+        causal = i >= j
+        if self.kind == "window":
+            return causal & (i - j < self.size)
+        if self.kind == "chunk":
+            return causal & (i // self.size == j // self.size)
+        return causal
+
+    def visible(self, t: int, device) -> torch.Tensor:
+        """(T,) the number of keys each query index sees."""
+        i = torch.arange(t, device=device)
+        if self.kind == "window":
+            return (i + 1).clamp(max=self.size)
+        if self.kind == "chunk":
+            return i % self.size + 1
+        return i + 1
+
+    def mask(self, t: int, device) -> torch.Tensor:
+        """(T, T) bool, True where allowed."""
+        i = torch.arange(t, device=device)
+        return self.allowed(i[:, None], i[None, :])
+
+
+FULL = Span()
 
 
 def flex_available() -> bool:
@@ -42,14 +86,15 @@ def flex_supports(scheme) -> bool:
     return not any(p.dim() == 0 and p.requires_grad for p in scheme.parameters())
 
 
-def choose_backend(scheme, device: torch.device | str) -> str:
+def choose_backend(scheme, device: torch.device | str, span: Span = FULL) -> str:
     hooks = set(scheme.hooks)
     if hooks & {"logits", "values"}:
         return "explicit"
-    if "bias" in hooks:
+    if "bias" in hooks or span != FULL:
         on_cuda = torch.device(device).type == "cuda"
-        flex = on_cuda and flex_available() and flex_supports(scheme)
-        return "flex" if flex else "sdpa-bias"
+        if on_cuda and flex_available() and flex_supports(scheme):
+            return "flex"
+        return "sdpa-bias" if "bias" in hooks else "sdpa-mask"
     return "sdpa-causal"
 
 
@@ -60,22 +105,23 @@ class AttnContext:
     pos: torch.Tensor  # (T,)
     backend: str
     shared: Any = None  # scheme.prepare(pos)
+    span: Span = FULL
     bias: torch.Tensor | None = None  # (H, T, T), the explicit path's materialized bias
-    mask: torch.Tensor | None = None  # (H, T, T) float32, bias with -inf above the diagonal
+    # sdpa-bias: (H, T, T) float32, bias with -inf outside the span; sdpa-mask: (T, T) bool;
+    # explicit: (T, T) bool, True outside the span
+    mask: torch.Tensor | None = None
     score_mod: Any = None
     block_mask: Any = None
     _masks: dict = field(default_factory=dict, init=False, repr=False)  # mask per compute dtype
 
     def sdpa_mask(self, dtype: torch.dtype) -> torch.Tensor:
-        """The float mask in `dtype` (SDPA wants the query's), cast once per forward."""
+        """The float mask in `dtype` (SDPA wants the query's), cast once per forward; a bool
+        mask as it is."""
+        if self.mask.dtype == torch.bool:
+            return self.mask
         if dtype not in self._masks:
             self._masks[dtype] = self.mask.to(dtype)
         return self._masks[dtype]
-
-
-def causal_mask(t: int, device) -> torch.Tensor:
-    """(T, T) bool, True where key j > query i (not allowed)."""
-    return torch.ones(t, t, dtype=torch.bool, device=device).triu(1)
 
 
 # Each (length, dtype, scheme, grad mode) is its own compiled entry; the default limit of 8
@@ -97,39 +143,52 @@ def _compiled_flex():
 
 
 @functools.lru_cache(maxsize=16)
-def _causal_block_mask(t: int, device: str):
+def block_mask(span: Span, t: int, device: str):
+    """The span's BlockMask: blocks wholly outside it are never computed."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    return create_block_mask(lambda b, h, q, k: q >= k, None, None, t, t, device=device)
+    def mask_mod(b, h, q_idx, kv_idx):
+        return span.allowed(q_idx, kv_idx)
+
+    return create_block_mask(mask_mod, None, None, t, t, device=device)
 
 
-def prepare(scheme, pos: torch.Tensor, backend: str) -> AttnContext:
-    ctx = AttnContext(pos=pos, backend=backend, shared=scheme.prepare(pos))
-    if "bias" in scheme.hooks:
-        if backend == "flex":
+def prepare(scheme, pos: torch.Tensor, backend: str, span: Span = FULL,
+            shared: Any = None) -> AttnContext:
+    """The context of the layers with this scheme and span; `shared`: scheme.prepare(pos) when
+    the caller already has it (a scheme used with several spans prepares once)."""
+    shared = scheme.prepare(pos) if shared is None else shared
+    ctx = AttnContext(pos=pos, backend=backend, shared=shared, span=span)
+    t = pos.shape[0]
+    if backend == "flex":
+        if "bias" in scheme.hooks:
             fn = scheme.bias_fn
 
             def score_mod(score, b, h, q_idx, kv_idx):
                 return score + fn(h, pos[q_idx], pos[kv_idx])
 
             ctx.score_mod = score_mod
-            ctx.block_mask = _causal_block_mask(pos.shape[0], str(pos.device))
-        elif backend == "sdpa-bias":  # only the mask is kept: at long lengths (H, T, T) is large
-            bias = scheme.bias(pos, ctx.shared).float()
-            ctx.mask = bias.masked_fill(causal_mask(pos.shape[0], pos.device), float("-inf"))
-        else:
+        ctx.block_mask = block_mask(span, t, str(pos.device))
+    elif backend == "sdpa-bias":  # only the mask is kept: at long lengths (H, T, T) is large
+        bias = scheme.bias(pos, ctx.shared).float()
+        ctx.mask = bias.masked_fill(~span.mask(t, pos.device), float("-inf"))
+    elif backend == "sdpa-mask":
+        ctx.mask = span.mask(t, pos.device)
+    elif backend == "explicit":
+        ctx.mask = ~span.mask(t, pos.device)
+        if "bias" in scheme.hooks:
             ctx.bias = scheme.bias(pos, ctx.shared)
     return ctx
 
 
 def attend(q, k, v, scheme, ctx: AttnContext, layer: int) -> torch.Tensor:
-    """q, k, v (B, H, T, D) -> (B, H, T, D), causal."""
+    """q, k, v (B, H, T, D) -> (B, H, T, D), over the context's span."""
     backend = ctx.backend
     scale = scheme.qk_scale
     if backend == "sdpa-causal":
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-    if backend == "sdpa-bias":
-        mask = ctx.sdpa_mask(q.dtype)  # (H, T, T)
+    if backend in ("sdpa-bias", "sdpa-mask"):
+        mask = ctx.sdpa_mask(q.dtype)  # (H, T, T) float or (T, T) bool
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     if backend == "flex":
         return _compiled_flex()(
@@ -146,8 +205,9 @@ def explicit_attention(q, k, v, scheme, ctx: AttnContext, layer: int) -> torch.T
     if "bias" in scheme.hooks:
         bias = ctx.bias if ctx.bias is not None else scheme.bias(ctx.pos, ctx.shared)
         scores = scores + bias
-    t = q.shape[-2]
-    scores = scores.float().masked_fill(causal_mask(t, q.device), float("-inf"))
+    own = ctx.backend == "explicit"  # another path's context holds its own kind of mask
+    blocked = ctx.mask if own else ~ctx.span.mask(q.shape[-2], q.device)
+    scores = scores.float().masked_fill(blocked, float("-inf"))
     attn = scores.softmax(dim=-1).to(v.dtype)
     out = attn @ v
     if "values" in scheme.hooks:

@@ -78,7 +78,7 @@ def _task_with_overrides(task_name, data, train_len, steps, batch_size, d_model,
 
 @app.command()
 def train(
-    scheme: str = typer.Option(..., help="scheme name (see `posbench schemes`)"),
+    scheme: str = typer.Option(..., help="scheme, preset or layout spec (see `posbench schemes`, README)"),
     task: Optional[str] = typer.Option(None, help="task name in tasks/ or a TOML path (default: quick)"),
     data: Optional[str] = typer.Option(None, help="pystdlib | files:PATH_OR_GLOB | hf:NAME[:CONFIG]"),
     train_len: Optional[int] = typer.Option(None, help="training window length"),
@@ -100,11 +100,11 @@ def train(
     runs_dir: Path = typer.Option(Path("runs"), help="where runs and runs.csv go"),
     resume: bool = typer.Option(False, help="continue an interrupted run from its checkpoint"),
 ):
-    """Train one model with one scheme (the task's settings, overridden by flags)."""
+    """Train one model with one scheme or layout (the task's settings, overridden by flags)."""
+    from posbench import layout
     from posbench import train as training
-    from posbench.schemes import get_scheme
 
-    get_scheme(scheme)
+    scheme = layout.check(scheme)
     t = _task_with_overrides(task, data, train_len, steps, batch_size, d_model, layers, heads, lr,
                              randomize_positions, dtype, tokenizer, vocab_size)
     params = {**t.params.get(scheme, {}), **config.parse_params(param)}
@@ -338,13 +338,12 @@ def _split(text: str | None) -> tuple[str, ...] | None:
 
 
 def _scheme_names(scheme: list[str] | None) -> tuple[str, ...] | None:
-    """--scheme values (repeatable or comma-separated), each checked against the registry."""
-    from posbench.schemes import get_scheme
+    """--scheme values (repeatable or comma-separated), each checked: schemes, presets and
+    layout specs, as their runs record them."""
+    from posbench import layout
 
     names = _split(",".join(scheme)) if scheme else None
-    for name in names or ():
-        get_scheme(name)
-    return names
+    return tuple(layout.recorded(name) for name in names) if names else names
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -223,12 +223,14 @@ def validate(obj) -> None:
             raise PosbenchError(f"task version {obj.version} is newer than this posbench ({TASK_VERSION})")
         if not obj.schemes:
             raise PosbenchError("a task needs at least one scheme")
-        from posbench.schemes import get_scheme
+        from posbench import layout
 
         for name in obj.schemes:
-            get_scheme(name)
+            layout.check(name)
         for name in obj.params:
-            get_scheme(name)
+            if layout.parse(name).plain() is None:
+                raise PosbenchError(f"params for layout {name!r}: a layout takes its parameters "
+                                    "inside its spec (e.g. rope:base=500000@w16)")
 
 
 def check_lengths(lengths) -> None:

@@ -30,6 +30,7 @@ from posbench import results
 from posbench.config import EvalConfig
 from posbench.data import TokenData, load_tokens
 from posbench.errors import PosbenchError
+from posbench.layout import run_prefix
 from posbench.positions import evaluation_draws, evaluation_positions
 from posbench.schemes import PositionLimitError
 from posbench.schemes.rotary import RopeScaling
@@ -57,15 +58,16 @@ def find_runs(runs_dir: Path | str, schemes: list[str] | None = None) -> list[Pa
         raise PosbenchError(f"runs directory {str(runs_dir)!r} does not exist; train first")
     found = sorted(p.parent for p in runs_dir.glob(f"*/{FINAL}"))
     if schemes:
-        found = [p for p in found if p.name.rsplit("-", 1)[0] in schemes]
+        prefixes = {run_prefix(s) for s in schemes}
+        found = [p for p in found if p.name.rsplit("-", 1)[0] in prefixes]
     return found
 
 
-def variants_for(spec: RunSpec, cfg: EvalConfig, scheme) -> list[Variant]:
-    """The variants that apply to this run's scheme (others are skipped, not failed)."""
+def variants_for(spec: RunSpec, cfg: EvalConfig, layout) -> list[Variant]:
+    """The variants that apply to this run's schemes (others are skipped, not failed)."""
     scalings = [RopeScaling(k, cfg.rope_scaling_factor, cfg.yarn_alpha, cfg.yarn_beta, cfg.llama3_low, cfg.llama3_high)
-                for k in cfg.rope_scaling] if hasattr(scheme, "set_scaling") else [RopeScaling()]
-    extensions = [e for e in cfg.learned_extension if e == "none" or e in scheme.extensions] or ["none"]
+                for k in cfg.rope_scaling] if layout.scalable else [RopeScaling()]
+    extensions = [e for e in cfg.learned_extension if e == "none" or e in layout.extensions] or ["none"]
     return [Variant(s, e) for s in dict.fromkeys(scalings) for e in dict.fromkeys(extensions)]
 
 
@@ -73,11 +75,11 @@ def stride_for(cfg: EvalConfig, length: int) -> int:
     return (cfg.stride or max(1, length // 2)) if cfg.mode == "sliding" else 0
 
 
-def row_keys(spec: RunSpec, cfg: EvalConfig, scheme) -> set[tuple[str, ...]]:
+def row_keys(spec: RunSpec, cfg: EvalConfig, layout) -> set[tuple[str, ...]]:
     """The extrapolation.csv keys that evaluating this run under `cfg` writes."""
     return {
         (spec.run_id, str(n), cfg.mode, str(stride_for(cfg, n)), v.scaling_label, v.extension)
-        for v in variants_for(spec, cfg, scheme) for n in cfg.lengths
+        for v in variants_for(spec, cfg, layout) for n in cfg.lengths
     }
 
 
@@ -142,22 +144,19 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
     stream = data.test
     base = {
         "run_id": spec.run_id, "task": task or spec.task, "scheme": spec.scheme,
-        "params": model.scheme.describe(), "seed": spec.seed, "train_len": spec.train.train_len,
+        "params": model.layout.describe(), "seed": spec.seed, "train_len": spec.train.train_len,
         "mode": cfg.mode, "position_draws": evaluation_draws(spec.train, cfg.position_draws),
         **results.provenance(dev.type, spec.train.dtype, data.fingerprint),
     }
     draws = max(1, base["position_draws"])
-    from posbench.attention import choose_backend
-
     rows, positions = [], []
-    for variant in variants_for(spec, cfg, model.scheme):
-        if hasattr(model.scheme, "set_scaling"):
-            model.scheme.set_scaling(variant.scaling)
-        model.scheme.set_extension(variant.extension)
+    for variant in variants_for(spec, cfg, model.layout):
+        model.layout.set_scaling(variant.scaling)
+        model.layout.set_extension(variant.extension)
         for length in cfg.lengths:
             row = {**base, "eval_len": length, "ratio": length / spec.train.train_len,
                    "stride": stride_for(cfg, length), "scaling": variant.scaling_label, "extension": variant.extension,
-                   "backend": model.backend or choose_backend(model.scheme, dev)}
+                   "backend": model.layout.backends(dev, model.backend)}
             total = count = torch.zeros(length, dtype=torch.float64)
             try:  # the mean over draws, per window index
                 for draw in range(draws):

@@ -9,7 +9,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from posbench import results
+from posbench import layout, results
 from posbench.config import Task
 from posbench.data import load_tokens
 from posbench.errors import PosbenchError
@@ -92,7 +92,7 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
             _, model, _ = load_trained(run_dir)
             # Each table is checked for its own rows: a kill between the two writes below leaves
             # extrapolation.csv complete and positions.csv not.
-            keys = evaluate.row_keys(spec, task.eval, model.scheme)
+            keys = evaluate.row_keys(spec, task.eval, model.layout)
             positions = evaluate.position_keys(table_rows(out, "extrapolation", keys), task.eval)
             if evaluated(out, "extrapolation", keys) and evaluated(out, "positions", positions):
                 done["skipped_eval"] += 1
@@ -118,7 +118,7 @@ def run_passkey(task: Task, out: Path, specs: list[RunSpec], device: str, done: 
     for spec in specs:
         run_dir = out / spec.run_id
         _, model, _ = load_trained(run_dir)
-        if evaluated(out, "passkey", passkey.row_keys(spec, task.passkey, task.eval, model.scheme)):
+        if evaluated(out, "passkey", passkey.row_keys(spec, task.passkey, task.eval, model.layout)):
             done["skipped_passkey"] += 1
             continue
         log(f"passkey {spec.run_id}")
@@ -137,7 +137,7 @@ def run_speed_once(task: Task, out: Path, device: str, log) -> int:
     s = task.speed
     wanted = {
         (name, str(n), p)
-        for name in {*task.schemes, BASELINE} for n in s.lengths for p in (PASSES if s.backward else PASSES[:1])
+        for name in {*map(layout.check, task.schemes), BASELINE} for n in s.lengths for p in (PASSES if s.backward else PASSES[:1])
     }
     here = {"device_name": device_name(resolve_device(device)), "dtype": s.dtype,
             "batch": str(s.batch_size), "heads": str(s.heads), "head_dim": str(s.head_dim)}

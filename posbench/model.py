@@ -1,6 +1,7 @@
 """The one model every scheme shares: a small pre-norm decoder-only Transformer (GELU MLP,
-untied output head). A scheme plugs in through its hooks (posbench.schemes.base) and changes
-nothing else, so two rows of a table differ only in the scheme.
+untied output head). Its layout (posbench.layout) says what each layer does: a scheme plugs in
+through its hooks (posbench.schemes.base), a span and a temperature through the attention call;
+nothing else changes, so two rows of a table differ only in the layout.
 
 The head is untied: the input table is where absolute schemes add their vectors, so its scale
 (unit variance, like the sinusoids it is summed with) is chosen for that, not for the output.
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posbench import attention
-from posbench.schemes.base import Scheme
+from posbench.layout import LayerPlan, ModelLayout
 
 
 @dataclass(frozen=True)
@@ -28,18 +29,6 @@ class ModelConfig:
     mlp_ratio: int = 4
 
 
-def embed_inputs(scheme: Scheme, tok: nn.Embedding | None, idx: torch.Tensor, pos: torch.Tensor):
-    """Token embeddings (unless the scheme builds its own), then the scheme's input and mixer
-    hooks: what the first block sees, (B, T, d)."""
-    scheme.check_positions(pos)
-    x = tok(idx) if tok is not None else None
-    if "input" in scheme.hooks:
-        x = scheme.embed(x, idx, pos)
-    if "mixer" in scheme.hooks:
-        x = scheme.mix(x)
-    return x
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -48,12 +37,15 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
-    def forward(self, x, scheme: Scheme, ctx: attention.AttnContext):
+    def forward(self, x, plan: LayerPlan):
         b, t, d = x.shape
+        scheme, ctx = plan.scheme, plan.ctx
         q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
         # q, k, v: (B, H, T, D)
         if "qk" in scheme.hooks:
             q, k = scheme.rotate(q, k, ctx.pos, ctx.shared)
+        if plan.factor is not None:  # the layer's temperature
+            q = q * plan.factor.to(q.dtype)
         y = attention.attend(q, k, v, scheme, ctx, self.layer)  # (B, H, T, D)
         return self.proj(y.transpose(1, 2).reshape(b, t, d))
 
@@ -70,23 +62,25 @@ class Block(nn.Module):
             nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model),
         )
 
-    def forward(self, x, scheme, ctx):
-        x = x + self.attn(self.ln1(x), scheme, ctx)
+    def forward(self, x, plan: LayerPlan):
+        x = x + self.attn(self.ln1(x), plan)
         return x + self.mlp(self.ln2(x))
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig, scheme: Scheme):
+    def __init__(self, cfg: ModelConfig, layout: ModelLayout):
         super().__init__()
         self.cfg = cfg
-        self.tok = None if scheme.owns_token_embedding else nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.tok = None if layout.owns_token_embedding else nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self._init_weights()
-        # The scheme initializes its own parameters; it is attached after the generic init.
-        self.scheme = scheme
-        self.backend: str | None = None  # None: chosen from the scheme's hooks and the device
+        # The schemes and temperatures initialize their own parameters: attached after the
+        # generic init (and last, so a one-scheme model's parameters come in their old order).
+        self.layout = layout
+        self.backend: str | None = None  # None: chosen per layer from its scheme, span and device
+        self.register_load_state_dict_pre_hook(_one_scheme_keys)
 
     def _init_weights(self):
         for name, p in self.named_parameters():
@@ -109,12 +103,9 @@ class Transformer(nn.Module):
         t = idx.shape[1]
         if pos is None:
             pos = torch.arange(t, device=idx.device)
-        scheme = self.scheme
-        x = embed_inputs(scheme, self.tok, idx, pos)  # (B, T, d)
-        backend = self.backend or attention.choose_backend(scheme, idx.device)
-        ctx = attention.prepare(scheme, pos, backend)
-        for block in self.blocks:
-            x = block(x, scheme, ctx)
+        x = self.layout.embed(self.tok, idx, pos)  # (B, T, d)
+        for block, plan in zip(self.blocks, self.layout.plan(pos, self.backend)):
+            x = block(x, plan)
         logits = self.head(self.ln_f(x))  # (B, T, V)
         if targets is None:
             return logits
@@ -123,3 +114,10 @@ class Transformer(nn.Module):
     def token_losses(self, idx, targets, pos=None) -> torch.Tensor:
         """Cross-entropy of every next-token prediction, (B, T), in float32."""
         return self(idx, pos, targets)
+
+
+def _one_scheme_keys(module, state_dict, prefix, *args):
+    """Weights saved when the model held one scheme as `scheme` load into layout.schemes.0."""
+    old = prefix + "scheme."
+    for key in [k for k in state_dict if k.startswith(old)]:
+        state_dict[prefix + "layout.schemes.0." + key[len(old):]] = state_dict.pop(key)

@@ -228,11 +228,11 @@ def run_tokenizer(run_dir: Path, spec: RunSpec):
         return load_tokenizer(spec.data, data.fingerprint), data.fingerprint
 
 
-def row_keys(spec: RunSpec, cfg: PasskeyConfig, eval_cfg: EvalConfig, scheme) -> set[tuple[str, ...]]:
+def row_keys(spec: RunSpec, cfg: PasskeyConfig, eval_cfg: EvalConfig, layout) -> set[tuple[str, ...]]:
     """The passkey.csv keys that evaluating this run writes."""
     return {
         (spec.run_id, str(n), results._fmt(float(d)), v.scaling_label, v.extension)
-        for v in variants_for(spec, eval_cfg, scheme)
+        for v in variants_for(spec, eval_cfg, layout)
         for n in lengths_for(cfg, spec.train.train_len) for d in cfg.depths
     }
 
@@ -249,22 +249,19 @@ def evaluate_run(run_dir: Path, cfg: PasskeyConfig, eval_cfg: EvalConfig, device
     cells = {(n, d): prompter.trials(n, d, cfg.trials, cfg.digits, cfg.seed) for n in lengths for d in cfg.depths}
     base = {
         "run_id": spec.run_id, "task": task or spec.task, "scheme": spec.scheme,
-        "params": model.scheme.describe(), "seed": spec.seed, "train_len": spec.train.train_len,
+        "params": model.layout.describe(), "seed": spec.seed, "train_len": spec.train.train_len,
         "trials": cfg.trials, "position_draws": evaluation_draws(spec.train, eval_cfg.position_draws),
         **results.provenance(dev.type, spec.train.dtype, fingerprint),
     }
     draws = max(1, base["position_draws"])
-    from posbench.attention import choose_backend
-
     rows = []
-    for variant in variants_for(spec, eval_cfg, model.scheme):
-        if hasattr(model.scheme, "set_scaling"):
-            model.scheme.set_scaling(variant.scaling)
-        model.scheme.set_extension(variant.extension)
+    for variant in variants_for(spec, eval_cfg, model.layout):
+        model.layout.set_scaling(variant.scaling)
+        model.layout.set_extension(variant.extension)
         for length in lengths:
             common = {**base, "eval_len": length, "ratio": length / spec.train.train_len,
                       "scaling": variant.scaling_label, "extension": variant.extension,
-                      "backend": model.backend or choose_backend(model.scheme, dev)}
+                      "backend": model.layout.backends(dev, model.backend)}
             trials = [t for d in cfg.depths for t in cells[(length, d)]]
             hit = [0] * len(trials)
             try:  # every depth of a length in one batch, once per position draw

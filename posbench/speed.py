@@ -3,10 +3,19 @@ length, beside `none` timed in the same run (DESIGN.md, Results: speed.csv).
 
 One timed call is the scheme's attention layer on the path `Transformer.forward` takes: the token
 embedding (the model's table, or the scheme's own), the scheme's input and mixer hooks,
-`check_positions`, `attention.choose_backend` and `attention.prepare` (once per forward: RoPE
-angles, the float mask, FlexAttention's score_mod and BlockMask), then one `model.Attention`
-(qkv projection, qk hook, the attention path with any logits/values hooks, output projection).
-No LayerNorm, MLP or output head, so the differences between rows are the schemes'.
+`check_positions`, the layout's plan (once per forward: RoPE angles, the masks, FlexAttention's
+score_mod and BlockMask, temperatures), then one `model.Attention` (qkv projection, qk hook,
+temperature, the attention path with any logits/values hooks, output projection). No LayerNorm,
+MLP or output head, so the differences between rows are the schemes'.
+
+A preset or layout runs one period of its pattern (rnope-swa: 3 windowed layers and 1 full), one
+`model.Attention` per layer, each fed the previous one's output; its median_ms, iqr_ms, tflops
+and tokens_per_second are per layer (the period's time over its layers), so its row compares
+with a scheme's as the mean cost of one of its layers; peak_mem_mb is the period's. Spans given
+no size are a quarter of `train_len` (the shortest length unless given). On CPU a
+windowed or chunked layer takes the bool-mask SDPA path (`sdpa-mask`), which computes every score
+and masks it: it costs what full attention costs. On CUDA it takes FlexAttention, whose
+BlockMask skips the blocks outside the span, so its cost grows linearly with the length.
 
 - Timing: `WARMUP` calls of every scheme first (compilation included; the last one sizes its
   blocks to last at least `MIN_BLOCK_S`), then `repeats` rounds in which every scheme of the
@@ -33,6 +42,7 @@ No LayerNorm, MLP or output head, so the differences between rows are the scheme
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import platform
 import statistics
@@ -46,11 +56,11 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from posbench import attention, results
+from posbench import layout, results
 from posbench.config import DTYPES, check_lengths, parse_int_list
 from posbench.errors import PosbenchError, did_you_mean
-from posbench.model import Attention, ModelConfig, embed_inputs
-from posbench.schemes import SCHEMES, Dims, Scheme, get_scheme
+from posbench.model import Attention, ModelConfig
+from posbench.schemes import SCHEMES, Dims
 from posbench.train import autocast, resolve_device
 
 PASSES = ("fwd", "fwd+bwd")
@@ -62,23 +72,24 @@ BACKWARD_FLOPS = 2.5  # backward / forward, for causal attention
 
 
 class SchemeLayer(nn.Module):
-    """One attention layer and everything a scheme adds to it, in `Transformer.forward`'s order."""
+    """The attention layers of one period of a layout (one layer for a scheme) and everything
+    their schemes add, in `Transformer.forward`'s order."""
 
-    def __init__(self, scheme: Scheme, cfg: ModelConfig):
+    def __init__(self, model_layout: layout.ModelLayout, cfg: ModelConfig):
         super().__init__()
-        self.scheme = scheme
-        self.tok = None if scheme.owns_token_embedding else nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.attn = Attention(cfg, layer=0)
+        self.layout = model_layout
+        self.tok = None if model_layout.owns_token_embedding else nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.attns = nn.ModuleList(Attention(cfg, layer=i) for i in range(cfg.n_layers))
 
     def forward(self, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """idx (B, T), pos (T,) -> (B, T, d)."""
-        scheme = self.scheme
-        x = embed_inputs(scheme, self.tok, idx, pos)  # (B, T, d)
-        ctx = attention.prepare(scheme, pos, self.backend(idx.device))
-        return self.attn(x, scheme, ctx)
+        x = self.layout.embed(self.tok, idx, pos)  # (B, T, d)
+        for attn, plan in zip(self.attns, self.layout.plan(pos)):
+            x = attn(x, plan)
+        return x
 
     def backend(self, device) -> str:
-        return attention.choose_backend(self.scheme, device)
+        return self.layout.backends(device)
 
 
 class PeakTracker(TorchDispatchMode):
@@ -134,11 +145,9 @@ def _validate(schemes, lengths, batch_size, heads, head_dim, dtype, repeats, tra
         schemes = [s.strip() for s in schemes.split(",") if s.strip()]
     if isinstance(lengths, str):
         lengths = parse_int_list(lengths)
-    names = list(SCHEMES) if schemes is None else list(schemes)
+    names = list(SCHEMES) if schemes is None else [layout.check(name) for name in schemes]
     if not names:
         raise PosbenchError("the scheme list is empty")
-    for name in names:
-        get_scheme(name)
     names = [BASELINE] + sorted(set(names) - {BASELINE}, key=names.index)
     try:
         lengths = [int(n) for n in lengths]
@@ -188,8 +197,10 @@ def run_speed(
     layers: dict[str, SchemeLayer | Exception] = {}
     for name in names:
         torch.manual_seed(0)
+        depth = len(layout.parse(name).pattern)  # one period
         try:
-            layers[name] = SchemeLayer(SCHEMES[name](dims), cfg).to(dev)
+            built = layout.build(name, dataclasses.replace(dims, n_layers=depth))
+            layers[name] = SchemeLayer(built, dataclasses.replace(cfg, n_layers=depth)).to(dev)
         except Exception as e:  # a scheme that cannot be built at these sizes: rows, not a crash
             layers[name] = e
 
@@ -210,9 +221,9 @@ def run_speed(
                     row.update(backend="", **_failure(layer))
                 else:
                     row["backend"] = layer.backend(dev)
-                    row.update(measured[name])
+                    row.update(_per_layer(measured[name], len(layer.attns)))
                 if row["status"] == "ok":
-                    row["reason"] = _note(layer.scheme, dims)
+                    row["reason"] = _note(layer.layout, dims)
                     seconds = row["median_ms"] / 1e3
                     flops = attention_flops(batch_size, heads, n, head_dim, pass_)
                     row["tflops"] = flops / seconds / 1e12
@@ -227,8 +238,16 @@ def run_speed(
     return rows
 
 
-def _note(scheme: Scheme, dims: Dims) -> str:
-    if scheme.position_limit() is None:
+def _per_layer(measured: dict[str, Any], layers: int) -> dict[str, Any]:
+    """A period's times over its layers (module docstring)."""
+    if measured.get("status") != "ok":
+        return measured
+    return {**measured, "median_ms": measured["median_ms"] / layers,
+            "iqr_ms": measured["iqr_ms"] / layers}
+
+
+def _note(model_layout: layout.ModelLayout, dims: Dims) -> str:
+    if model_layout.position_limit() is None:
         return ""
     return f"position table built with max_position={dims.max_position} (the longest length)"
 

@@ -1,4 +1,4 @@
-"""Training one tiny language model with one scheme: the resolved run spec, its run_id, the
+"""Training one tiny language model with one scheme or layout: the resolved run spec, its run_id, the
 training loop with checkpoints, resume, NaN stop, and the row it adds to runs.csv."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from posbench import results
+from posbench import layout, results
 from posbench.config import TrainConfig, stable_hash
 from posbench.data import DataConfig, TokenData, load_tokens, unigram_loss
 from posbench.errors import PosbenchError
@@ -30,7 +30,8 @@ from posbench.schemes.base import coerce_params, identity_params
 
 @dataclass(frozen=True)
 class RunSpec:
-    """Everything that determines a trained model; its hash is the run_id."""
+    """Everything that determines a trained model; its hash is the run_id. `scheme` is a scheme,
+    a preset or a layout spec (posbench.layout); a spec that is one plain scheme becomes it."""
 
     scheme: str
     params: dict[str, Any] = field(default_factory=dict)
@@ -41,8 +42,23 @@ class RunSpec:
     task: str = "quick"  # recorded, not hashed
 
     def __post_init__(self):
+        lay = layout.parse(self.scheme)
+        plain = lay.plain()
+        if plain is None:
+            if self.params:
+                raise PosbenchError(f"layout {lay.name!r} takes its parameters inside its spec "
+                                    "(e.g. rope:base=500000@w16), not as --param")
+            object.__setattr__(self, "scheme", lay.name)
+            return
         # Resolve the parameters so that `--param base=10000` and the default share one run_id.
-        object.__setattr__(self, "params", coerce_params(get_scheme(self.scheme), self.params))
+        name, params = plain
+        object.__setattr__(self, "scheme", name)
+        object.__setattr__(self, "params", coerce_params(get_scheme(name), {**params, **self.params}))
+
+    def resolved_layout(self) -> layout.Layout | None:
+        """The layout with every size resolved; None for a plain scheme."""
+        lay = layout.parse(self.scheme)
+        return None if lay.plain() is not None else lay.resolve(self.train.train_len)
 
     def identity(self) -> dict[str, Any]:
         train = dataclasses.asdict(self.train)
@@ -50,17 +66,23 @@ class RunSpec:
             train.pop(logistics)
         if not self.train.randomize_positions:
             train.pop("randomize_max")
-        params = identity_params(get_scheme(self.scheme), self.params)
-        return {"scheme": self.scheme, "params": params, "seed": self.seed,
-                "data": dataclasses.asdict(self.data), "model": dataclasses.asdict(self.model),
-                "train": train}
+        lay = self.resolved_layout()
+        params = self.params if lay is not None else identity_params(get_scheme(self.scheme), self.params)
+        out = {"scheme": self.scheme, "params": params, "seed": self.seed,
+               "data": dataclasses.asdict(self.data), "model": dataclasses.asdict(self.model),
+               "train": train}
+        if lay is not None:  # a plain scheme's identity is what it was before layouts
+            out["layout"] = str(lay)
+        return out
 
     @property
     def run_id(self) -> str:
-        return f"{self.scheme}-{stable_hash(self.identity())}"
+        return f"{layout.run_prefix(self.scheme)}-{stable_hash(self.identity())}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "task": self.task, **self.identity(),
+        identity = self.identity()
+        identity.pop("layout", None)  # derived from scheme and train_len
+        return {"run_id": self.run_id, "task": self.task, **identity,
                 "train": dataclasses.asdict(self.train)}
 
     @classmethod
@@ -159,10 +181,11 @@ def build_model(spec: RunSpec, vocab_size: int) -> Transformer:
         max_position=t.randomize_max if t.randomize_positions else t.train_len,
         params=spec.params,
     )
-    if t.randomize_positions and not get_scheme(spec.scheme).takes_positions:
+    model_layout = layout.build(spec.scheme, dims)
+    if t.randomize_positions and not model_layout.takes_positions:
         raise PosbenchError(f"scheme {spec.scheme!r} takes no integer positions to randomize")
     cfg = dataclasses.replace(spec.model, vocab_size=vocab_size)
-    return Transformer(cfg, get_scheme(spec.scheme)(dims))
+    return Transformer(cfg, model_layout)
 
 
 def sample_batch(stream: torch.Tensor, t: TrainConfig, gen: torch.Generator):
@@ -402,13 +425,11 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
         (run_dir / FINAL).unlink(missing_ok=True)
         (run_dir / CHECKPOINT).unlink(missing_ok=True)
 
-    from posbench.attention import choose_backend
-
-    backend = choose_backend(model.scheme, dev)
+    backend = model.layout.backends(dev)
     stream = data.train
     row_base = {
         "run_id": spec.run_id, "task": spec.task, "scheme": spec.scheme,
-        "params": model.scheme.describe(), "seed": spec.seed, "train_len": t.train_len,
+        "params": model.layout.describe(), "seed": spec.seed, "train_len": t.train_len,
         "randomized": t.randomize_positions, "steps": t.steps,
         "n_params": sum(p.numel() for p in model.parameters()), "backend": backend,
         **results.provenance(dev.type, t.dtype, data.fingerprint),

@@ -7,8 +7,9 @@ import torch
 
 from posbench.config import TrainConfig
 from posbench.data import DataConfig
+from posbench import layout
 from posbench.model import ModelConfig, Transformer
-from posbench.schemes import SCHEMES, Dims
+from posbench.schemes import Dims
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
@@ -51,9 +52,14 @@ TINY_TRAIN = TrainConfig(train_len=16, steps=6, batch_size=4, warmup=2, eval_int
                          eval_windows=4, checkpoint_interval=2)
 
 
-def tiny_model(name: str, train_len: int = 16, seed: int = 0, vocab: int = 50, **params) -> Transformer:
+def tiny_model(name: str, train_len: int = 16, seed: int = 0, vocab: int = 50,
+               n_layers: int | None = None, **params) -> Transformer:
+    """A scheme, preset or layout spec on a tiny model, 2 layers or one period of the layout's
+    pattern if longer; `model.layout.schemes[0]` is the first (for a scheme: the only) scheme."""
+    if n_layers is None:
+        n_layers = max(2, len(layout.parse(name).pattern))
     torch.manual_seed(seed)
-    dims = Dims(d_model=32, n_heads=4, n_layers=2, vocab_size=vocab, train_len=train_len,
+    dims = Dims(d_model=32, n_heads=4, n_layers=n_layers, vocab_size=vocab, train_len=train_len,
                 max_position=train_len, params=params)
-    cfg = ModelConfig(vocab_size=vocab, d_model=32, n_layers=2, n_heads=4)
-    return Transformer(cfg, SCHEMES[name](dims)).eval()
+    cfg = ModelConfig(vocab_size=vocab, d_model=32, n_layers=n_layers, n_heads=4)
+    return Transformer(cfg, layout.build(name, dims)).eval()

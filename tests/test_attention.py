@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from conftest import tiny_model
-from posbench import attention
+from posbench import attention, layout
 from posbench.schemes import SCHEMES, Dims, Scheme
 
 H, D, T = 4, 16, 40
@@ -118,14 +118,14 @@ def test_flex_on_cuda_agrees_with_explicit_forward_and_gradients(name):
 
     torch.manual_seed(1)
     dims = Dims(d_model=H * D, n_heads=H, n_layers=2, vocab_size=50, train_len=64, max_position=256)
-    fast = Transformer(ModelConfig(50, H * D, 2, H), SCHEMES[name](dims)).cuda().train()
-    assert attention.choose_backend(fast.scheme, "cuda") == "flex"
+    fast = Transformer(ModelConfig(50, H * D, 2, H), layout.build(name, dims)).cuda().train()
+    assert attention.choose_backend(fast.layout.schemes[0], "cuda") == "flex"
     slow = copy.deepcopy(fast)
     slow.backend = "explicit"
     with torch.no_grad():
-        for p in fast.scheme.parameters():
+        for p in fast.layout.schemes[0].parameters():
             p.add_(torch.randn_like(p) * 0.3)
-        slow.scheme.load_state_dict(fast.scheme.state_dict())
+        slow.layout.schemes[0].load_state_dict(fast.layout.schemes[0].state_dict())
     for t in (64, 200):  # 200: not a multiple of the 128 block
         x = torch.randint(0, 50, (2, t), device="cuda")
         la = fast.token_losses(x, x).mean()
@@ -145,13 +145,13 @@ def test_float_mask_built_once_per_forward(monkeypatch):
     """The sdpa-bias path materializes the bias once per forward, not once per layer."""
     model = tiny_model("alibi")
     calls = []
-    original = type(model.scheme).bias
+    original = type(model.layout.schemes[0]).bias
 
     def counting(self, pos, ctx=None):
         calls.append(pos.shape[0])
         return original(self, pos, ctx)
 
-    monkeypatch.setattr(type(model.scheme), "bias", counting)
+    monkeypatch.setattr(type(model.layout.schemes[0]), "bias", counting)
     with torch.no_grad():
         model(torch.randint(0, 50, (2, 16)))
     assert len(model.blocks) > 1 and calls == [16]

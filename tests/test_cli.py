@@ -81,3 +81,26 @@ def test_speed_end_to_end(tmp_path, capsys):
     assert (tmp_path / "speed.png").exists()
     assert main(args) == 0 and len(results.read_rows(tmp_path / "speed.csv")) == 12  # keyed: no duplicates
     assert main(["speed", "--schemes", "alibbi"]) == 2
+
+
+def test_layouts_train_extrapolate_and_speed_end_to_end(corpus_dir, tmp_path, capsys):
+    """A preset and a free-form layout go through train, extrapolate and speed; rows name them."""
+    common = ["--data", f"files:{corpus_dir}", "--runs-dir", str(tmp_path), *TINY, "--layers", "4"]
+    assert main(["train", "--scheme", "rnope-swa", *common]) == 0
+    assert main(["train", "--scheme", "rope:base=500@c8/none+logn", *common]) == 0
+    runs = {r["scheme"]: r for r in results.read_rows(tmp_path / "runs.csv")}
+    assert set(runs) == {"rnope-swa", "rope:base=500.0@c8/none+logn"}
+    assert runs["rnope-swa"]["params"] == "rope@w4*3/none"
+    assert runs["rnope-swa"]["backend"] == "sdpa-mask+sdpa-causal"
+    assert main(["extrapolate", "--runs-dir", str(tmp_path), "--lengths", "16,32", "--tokens", "64",
+                 "--scheme", "rnope-swa,rope:base=500@c8/none+logn", "--device", "cpu"]) == 0
+    rows = results.read_rows(tmp_path / "extrapolation.csv")
+    assert {r["scheme"] for r in rows} == set(runs) and len(rows) == 4
+    assert all(r["status"] == "ok" for r in rows)
+    capsys.readouterr()
+    assert main(["speed", "--schemes", "rnope-swa", "--lengths", "16", "--heads", "2", "--head-dim", "8",
+                 "--repeats", "1", "--no-backward", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    speed_rows = {r["scheme"]: r for r in results.read_rows(tmp_path / "speed.csv")}
+    assert speed_rows["rnope-swa"]["backend"] == "sdpa-mask+sdpa-causal"
+    assert main(["train", "--scheme", "rope@w4@c4", *common]) == 2
+    assert "more than one span" in capsys.readouterr().err

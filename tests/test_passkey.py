@@ -163,7 +163,7 @@ def test_every_scheme_answers_at_every_length(name):
     prompter = passkey.Prompter(ByteTokenizer())
     for length in (128, 256):
         trials = [t for d in (0.0, 1.0) for t in prompter.trials(length, d, 1, 5, seed=0)]
-        limit = model.scheme.position_limit()
+        limit = model.layout.schemes[0].position_limit()
         if limit is not None and length > limit:
             with pytest.raises(PositionLimitError):
                 passkey.retrieved(model, trials, "cpu")

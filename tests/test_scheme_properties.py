@@ -6,11 +6,13 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from posbench import attention
+from posbench import attention, layout
+from posbench.catalogue import catalogue
 from posbench.schemes import SCHEMES
 
-ALL = sorted(SCHEMES)
-RELATIVE = [n for n in ALL if SCHEMES[n].relative]
+# The registry and the layout presets, plus a spec that mixes a bias scheme with spans.
+ALL = sorted(SCHEMES) + list(layout.PRESETS) + ["alibi@c4/t5@w3+ssmax"]
+RELATIVE = [n for n in ALL if layout.relative(layout.parse(n))]
 T = 16
 # At init the attention branch is small (weights std 0.02), so a scheme acting on the logits
 # (fire, tupe) moves the outputs by ~1e-5 under a shift, while float noise in relative schemes
@@ -44,7 +46,7 @@ def test_translation_invariant(name):
     assert torch.allclose(a, b, atol=SHIFT_ATOL), (a - b).abs().max()
 
 
-@pytest.mark.parametrize("name", [n for n in ALL if not SCHEMES[n].relative and SCHEMES[n].takes_positions])
+@pytest.mark.parametrize("name", [n for n in SCHEMES if not SCHEMES[n].relative and SCHEMES[n].takes_positions])
 def test_absolute_schemes_see_positions(name):
     """The converse, so the test above could fail: absolute schemes change under a shift."""
     model = tiny_model(name, train_len=32)
@@ -57,7 +59,7 @@ def test_absolute_schemes_see_positions(name):
 @pytest.mark.parametrize("name", ALL)
 def test_runs_at_8x_training_length(name):
     model = tiny_model(name)
-    limit = model.scheme.position_limit()
+    limit = model.layout.schemes[0].position_limit()
     x = torch.randint(0, 50, (1, 8 * T))
     if limit is not None and limit < 8 * T:
         with pytest.raises(Exception, match="beyond"):
@@ -116,14 +118,14 @@ def test_backends_agree_in_bfloat16(name):
     assert torch.allclose(a, b, atol=0.05, rtol=0.02), (a - b).abs().max()
 
 
-@pytest.mark.parametrize("name", [n for n in ALL if SCHEMES[n].takes_positions])
+@pytest.mark.parametrize("name", [n for n in SCHEMES if SCHEMES[n].takes_positions])
 def test_randomized_positions(name):
     """Sorted positions far beyond the window (Ruoss et al.) are accepted within the table."""
     from posbench.schemes import Dims
     from posbench.model import ModelConfig, Transformer
 
     dims = Dims(d_model=32, n_heads=4, n_layers=2, vocab_size=50, train_len=T, max_position=512)
-    model = Transformer(ModelConfig(50, 32, 2, 4), SCHEMES[name](dims))
+    model = Transformer(ModelConfig(50, 32, 2, 4), layout.build(name, dims))
     pos = torch.randperm(512)[:T].sort().values
     out = model(torch.randint(0, 50, (2, T)), pos)
     assert torch.isfinite(out).all()
@@ -131,6 +133,9 @@ def test_randomized_positions(name):
 
 @pytest.mark.parametrize("name", ALL)
 def test_catalogue_fields(name):
-    cls = SCHEMES[name]
-    assert cls.family and cls.reference and cls.extrapolates in ("yes", "no", "extension")
-    assert attention.choose_backend(tiny_model(name).scheme, "cpu") in attention.BACKENDS
+    row = next((r for r in catalogue() if r["name"] == name), None)
+    assert row is not None or layout.is_spec(name)
+    if row is not None:
+        assert row["family"] and row["reference"] and row["extrapolates"] in ("yes", "no", "extension")
+    for backend in tiny_model(name).layout.backends("cpu").split("+"):
+        assert backend in attention.BACKENDS

@@ -19,7 +19,7 @@ def test_alibi_slopes_match_paper():
 
 
 def test_alibi_bias_is_minus_slope_times_distance():
-    scheme = tiny_model("alibi").scheme
+    scheme = tiny_model("alibi").layout.schemes[0]
     bias = scheme.bias(torch.arange(6))
     i, j = 5, 2
     assert bias[0, i, j].item() == pytest.approx(-0.25 * 3)
@@ -47,7 +47,7 @@ def test_t5_one_directional_buckets_and_clip():
 
 
 def test_t5_bias_reads_learned_table():
-    scheme = tiny_model("t5").scheme
+    scheme = tiny_model("t5").layout.schemes[0]
     with torch.no_grad():
         scheme.table.copy_(torch.arange(32 * 4, dtype=torch.float).view(32, 4))
     bias = scheme.bias(torch.arange(10))
@@ -71,7 +71,7 @@ def test_sinusoid_offset_is_a_fixed_rotation():
 
 def test_rope_logit_depends_only_on_offset():
     torch.manual_seed(0)
-    scheme = tiny_model("rope").scheme  # head dim 8
+    scheme = tiny_model("rope").layout.schemes[0]  # head dim 8
     q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
 
     def logit(m, n):
@@ -85,7 +85,7 @@ def test_rope_logit_depends_only_on_offset():
 
 def test_rope_rotation_angle():
     """Pair t at position m rotated by m * base^(-2t/D): check against a hand rotation."""
-    scheme = tiny_model("rope").scheme  # head dim 8
+    scheme = tiny_model("rope").layout.schemes[0]  # head dim 8
     x = torch.zeros(1, 1, 1, 8)
     x[..., 1] = 1.0  # pair t = 1 is (x_1, x_5)
     cos, sin = scheme.angles(torch.tensor([3]))
@@ -111,8 +111,8 @@ def test_learned_limit_and_extension():
     x = torch.randint(0, 50, (1, 20))
     with pytest.raises(Exception, match="beyond its table of 8"):
         model(x)
-    model.scheme.set_extension("hierarchical")
-    assert model.scheme.position_limit() == 64
+    model.layout.schemes[0].set_extension("hierarchical")
+    assert model.layout.schemes[0].position_limit() == 64
     assert torch.isfinite(model(x)).all()
 
 
@@ -157,7 +157,7 @@ def test_dynamic_ntk_with_a_factor_grows_the_base_from_the_training_length():
 
 def test_dynamic_ntk_tables_follow_the_length_with_a_fixed_factor():
     """The scheme's cached cos/sin tables must not reuse one length's base at another."""
-    scheme = tiny_model("rope", train_len=16).scheme  # head dim 8
+    scheme = tiny_model("rope", train_len=16).layout.schemes[0]  # head dim 8
     scheme.set_scaling(RopeScaling("dynamic-ntk", factor=4.0))
     for length in (16, 64, 16):
         cos, _ = scheme.angles(torch.arange(length))
@@ -195,7 +195,7 @@ def test_yarn_ramp_and_attention_factor():
 
 def test_yarn_scales_logits_by_mscale_squared():
     model = tiny_model("rope", train_len=16)
-    scheme = model.scheme
+    scheme = model.layout.schemes[0]
     pos = torch.arange(64)
     scheme.set_scaling(RopeScaling("yarn"))
     cos, sin = scheme.angles(pos)

@@ -35,15 +35,15 @@ def test_fraction_zero_leaves_attention_position_free(name):
     scattered = torch.tensor([0, 5, 9, 40, 41, 77, 100, 101, 230, 231, 300, 512, 700, 701, 900, 1000])
     assert torch.equal(outputs(model, torch.arange(T)), outputs(model, scattered))
     q, k = torch.randn(2, 1, 2, T, 8).unbind(0)
-    assert all(torch.equal(a, b) for a, b in zip(model.scheme.rotate(q, k, scattered, model.scheme.prepare(scattered)),
+    assert all(torch.equal(a, b) for a, b in zip(model.layout.schemes[0].rotate(q, k, scattered, model.layout.schemes[0].prepare(scattered)),
                                                  (q, k)))
 
 
 def test_at_half_the_two_conventions_keep_different_frequencies():
     """D = 8, p = 0.5. rope fraction: r = 4 dims, theta_t = 10000^(-2t/4) = 1, 0.01, and dims 4..7
     pass. p-rope: floor(0.5 * 8 / 2) = 2 pairs keep 10000^(-2t/8) = 1, 0.1; the other two are 0."""
-    partial = tiny_model("rope", fraction=0.5).scheme
-    proportional = tiny_model("p-rope", fraction=0.5).scheme
+    partial = tiny_model("rope", fraction=0.5).layout.schemes[0]
+    proportional = tiny_model("p-rope", fraction=0.5).layout.schemes[0]
     assert partial.frequencies(T)[0].tolist() == pytest.approx([1.0, 0.01])
     assert proportional.frequencies(T)[0].tolist() == pytest.approx([1.0, 0.1, 0.0, 0.0])
     # the same unit vector on the second kept pair, rotated at position 5
@@ -64,10 +64,10 @@ def test_at_half_the_two_conventions_keep_different_frequencies():
 def test_scaling_acts_on_the_rotated_dims():
     """ntk over r = 4 rotated dims: base * s^(r/(r-2)) = 10000 * 4^2 at 4x (transformers computes
     the scaled frequencies over int(D * partial_rotary_factor) dims)."""
-    scheme = tiny_model("rope", fraction=0.5).scheme
+    scheme = tiny_model("rope", fraction=0.5).layout.schemes[0]
     scheme.set_scaling(RopeScaling("ntk"))
     assert scheme.frequencies(4 * T)[0].tolist() == pytest.approx([1.0, (10000 * 16) ** -0.5])
-    scheme = tiny_model("p-rope", fraction=0.5).scheme
+    scheme = tiny_model("p-rope", fraction=0.5).layout.schemes[0]
     scheme.set_scaling(RopeScaling("pi"))
     assert scheme.frequencies(4 * T)[0].tolist() == pytest.approx([0.25, 0.1 / 4, 0.0, 0.0])
 
@@ -96,8 +96,8 @@ def test_an_odd_rotated_width_is_one_line_from_the_command_line(corpus_dir, tmp_
 def test_fractions_round_down():
     """p * D rounds down, as GPT-NeoX's int(head_size * rotary_pct) and the p-RoPE paper's
     int(p * D // 2): rope 0.3 * 8 = 2.4 -> 2 dims; p-rope 0.3 * 4 = 1.2 -> 1 pair."""
-    assert tiny_model("rope", fraction=0.3).scheme.rotary_dim == 2
-    assert tiny_model("p-rope", fraction=0.3).scheme.kept_pairs == 1
+    assert tiny_model("rope", fraction=0.3).layout.schemes[0].rotary_dim == 2
+    assert tiny_model("p-rope", fraction=0.3).layout.schemes[0].kept_pairs == 1
 
 
 def test_report_keeps_runs_with_other_parameters_apart_from_seeds():

@@ -4,7 +4,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from posbench import attention, results, speed
+from posbench import attention, layout, results, speed
 from posbench.errors import PosbenchError
 from posbench.schemes import SCHEMES
 
@@ -138,11 +138,12 @@ def test_table_shows_every_scheme_and_length():
 
 
 def test_measures_the_backend_the_model_uses():
-    layer = speed.SchemeLayer(SCHEMES["alibi"](speed.Dims(16, 2, 1, 50, 16, 16)),
+    layer = speed.SchemeLayer(layout.build("alibi", speed.Dims(16, 2, 1, 50, 16, 16)),
                               speed.ModelConfig(vocab_size=speed.VOCAB, d_model=16, n_layers=1,
                                                 n_heads=2))
-    assert layer.backend("cpu") == attention.choose_backend(layer.scheme, "cpu") == "sdpa-bias"
-    assert layer.backend("cuda") == attention.choose_backend(layer.scheme, "cuda")
+    scheme = layer.layout.schemes[0]
+    assert layer.backend("cpu") == attention.choose_backend(scheme, "cpu") == "sdpa-bias"
+    assert layer.backend("cuda") == attention.choose_backend(scheme, "cuda")
 
 
 def test_speed_table_script(tmp_path, capsys):

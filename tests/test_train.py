@@ -113,7 +113,7 @@ def test_randomized_positions_train(tiny_data, tmp_path):
     spec = spec_for(tiny_data, scheme="learned", randomize_positions=True, randomize_max=64)
     result = train(spec, tmp_path, device="cpu", progress=False)
     _, model, _ = load_trained(result.run_dir)
-    assert model.scheme.position_limit() == 64  # the table covers L_max, not train_len
+    assert model.layout.schemes[0].position_limit() == 64  # the table covers L_max, not train_len
     assert result.row["randomized"] is True
 
 
