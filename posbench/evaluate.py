@@ -15,6 +15,15 @@ A randomized run's windows read sorted position draws from [0, randomize_max), a
 per draw, and its loss is the mean over draws (the count is the row's `position_draws`; 0 for a
 plain run, whose windows read 0..L-1). A bucket of positions.csv is then an index range inside
 the window, whatever positions the draws gave those indices.
+
+Every row carries `loss_se`, the standard error of its mean loss over windows, and `ppl_lo`,
+`ppl_hi`, the 95% interval exp(loss -+ t * loss_se). Windows score equal numbers of tokens, so the
+mean loss is the mean of window losses. Nonoverlapping windows share no context and count as
+independent; sliding windows overlap by L - S tokens, so each block of ceil(L / S) consecutive
+windows, whose contexts chain into each other, is one observation (batch means,
+`stats.batch_se`; a randomized run's window loss is its mean over the draws). Each window's loss
+also goes to windows.csv (window index, start offset in the test stream), for paired comparisons
+of two models on the same windows (posbench.paired).
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from typing import Iterator
 
 import torch
 
-from posbench import results
+from posbench import results, stats
 from posbench.config import EvalConfig
 from posbench.data import TokenData, load_tokens
 from posbench.errors import PosbenchError
@@ -108,6 +117,11 @@ def windows(stream: torch.Tensor, length: int, cfg: EvalConfig, lengths: tuple[i
     return starts, length - stride
 
 
+def correlated_windows(mode: str, length: int, stride: int) -> int:
+    """How many consecutive windows share context: the block size of batch means."""
+    return math.ceil(length / stride) if mode == "sliding" else 1
+
+
 def batches(starts: torch.Tensor, length: int, heads: int, batch_tokens: int) -> Iterator[torch.Tensor]:
     per = max(1, min(batch_tokens // length, ATTN_BYTES // (4 * heads * length * length)))
     yield from starts.split(per)
@@ -116,25 +130,29 @@ def batches(starts: torch.Tensor, length: int, heads: int, batch_tokens: int) ->
 @torch.inference_mode()
 def score(model, stream: torch.Tensor, length: int, cfg: EvalConfig, lengths, device, dtype: str,
           pos: torch.Tensor | None = None):
-    """Summed loss and count per window index (L,), over every scored window; `pos` (L,) the
-    windows' positions (None: 0..L-1)."""
+    """Summed loss and count per window index (L,) over every scored window, the window starts (W,)
+    and each window's mean loss over its scored tokens (W,); `pos` (L,) the windows' positions
+    (None: 0..L-1)."""
     starts, first = windows(stream, length, cfg, lengths)
     total = torch.zeros(length, dtype=torch.float64)
     count = torch.zeros(length, dtype=torch.float64)
+    per_window = []
     offsets = torch.arange(length + 1)
     pos = pos.to(device) if pos is not None else None
     for chunk in batches(starts, length, model.cfg.n_heads, cfg.batch_tokens):
         tokens = stream[chunk[:, None] + offsets].to(device)
         with autocast(device, dtype):
             losses = model.token_losses(tokens[:, :-1], tokens[:, 1:], pos)  # (B, L)
-        total[first:] += losses[:, first:].double().sum(0).cpu()
+        scored = losses[:, first:].double().cpu()  # (B, L - first)
+        total[first:] += scored.sum(0)
         count[first:] += losses.shape[0]
-    return total, count
+        per_window.append(scored.mean(1))
+    return total, count, starts, torch.cat(per_window)
 
 
 def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cache=None,
-                 task: str | None = None) -> tuple[list[dict], list[dict]]:
-    """Rows for extrapolation.csv and positions.csv of one finished run."""
+                 task: str | None = None) -> tuple[list[dict], list[dict], list[dict]]:
+    """Rows for extrapolation.csv, positions.csv and windows.csv of one finished run."""
     dev = resolve_device(device)
     spec, model, _ = load_trained(run_dir, dev)
     data_cache = {} if data_cache is None else data_cache
@@ -149,7 +167,7 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
         **results.provenance(dev.type, spec.train.dtype, data.fingerprint),
     }
     draws = max(1, base["position_draws"])
-    rows, positions = [], []
+    rows, positions, per_window = [], [], []
     for variant in variants_for(spec, cfg, model.layout):
         model.layout.set_scaling(variant.scaling)
         model.layout.set_extension(variant.extension)
@@ -157,22 +175,42 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
             row = {**base, "eval_len": length, "ratio": length / spec.train.train_len,
                    "stride": stride_for(cfg, length), "scaling": variant.scaling_label, "extension": variant.extension,
                    "backend": model.layout.backends(dev, model.backend)}
-            total = count = torch.zeros(length, dtype=torch.float64)
-            try:  # the mean over draws, per window index
+            total = count = window_loss = 0
+            try:
                 for draw in range(draws):
                     pos = evaluation_positions(spec.train, length, draw)
-                    t, c = score(model, stream, length, cfg, cfg.lengths, dev, spec.train.dtype, pos)
-                    total, count = total + t, count + c
+                    t, c, starts, w = score(model, stream, length, cfg, cfg.lengths, dev, spec.train.dtype, pos)
+                    total, count, window_loss = total + t, count + c, window_loss + w
             except PositionLimitError as e:
                 rows.append({**row, "status": "unsupported", "reason": str(e), "tokens": 0})
                 continue
-            total, count = total / draws, count / draws  # every draw scores the same tokens
+            # Every draw scores the same tokens: means over draws, per window index and per window.
+            total, count, window_loss = total / draws, count / draws, window_loss / draws
             loss = float(total.sum() / count.sum())
-            status = "ok" if torch.isfinite(torch.tensor(loss)) else "failed"
-            rows.append({**row, "tokens": int(count.sum()), "loss": loss,
-                         "ppl": float(torch.tensor(loss).exp()), "status": status, "reason": ""})
+            status = "ok" if math.isfinite(loss) else "failed"
+            rows.append({**row, "tokens": int(count.sum()), "loss": loss, "ppl": math.exp(loss),
+                         **loss_interval(loss, window_loss.tolist(), correlated_windows(cfg.mode, length, row["stride"])),
+                         "status": status, "reason": ""})
             positions += position_rows(row, total, count, cfg.position_buckets)
-    return rows, positions
+            per_window += window_rows(row, starts, window_loss)
+    return rows, positions, per_window
+
+
+def loss_interval(loss: float, window_loss: list[float], block: int) -> dict:
+    """loss_se and the perplexity interval of a row, from its windows' losses."""
+    se, blocks = stats.batch_se(window_loss, block)
+    if blocks < 2:
+        return {"loss_se": math.nan, "ppl_lo": math.nan, "ppl_hi": math.nan}
+    lo, hi = stats.interval_from_se(loss, se, blocks - 1)
+    return {"loss_se": se, "ppl_lo": math.exp(lo), "ppl_hi": math.exp(hi)}
+
+
+def window_rows(row: dict, starts: torch.Tensor, window_loss: torch.Tensor) -> list[dict]:
+    keep = ("run_id", "task", "scheme", "seed", "train_len", "eval_len", "mode", "stride", "scaling",
+            "extension", "corpus")
+    base = {k: row[k] for k in keep}
+    return [base | {"window": i, "start": int(s), "loss": float(v)}
+            for i, (s, v) in enumerate(zip(starts.tolist(), window_loss.tolist()))]
 
 
 def bucket_edges(length: int, buckets: int) -> list[int]:
@@ -230,9 +268,10 @@ def extrapolate(runs_dir: Path | str, cfg: EvalConfig, schemes: list[str] | None
         task = bar.add_task("extrapolate", total=len(runs))
         for run_dir in runs:
             bar.update(task, description=run_dir.name)
-            rows, positions = evaluate_run(run_dir, cfg, device, cache)
+            rows, positions, per_window = evaluate_run(run_dir, cfg, device, cache)
             results.merge_rows(out, "extrapolation", rows)
             results.merge_rows(out, "positions", positions)
+            results.merge_rows(out, "windows", per_window)
             all_rows += rows
             bar.advance(task)
     return all_rows

@@ -98,9 +98,10 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
                 done["skipped_eval"] += 1
             else:
                 log(f"extrapolate {spec.run_id}")
-                rows, positions = evaluate.evaluate_run(run_dir, task.eval, device, cache, task.name)
+                rows, positions, per_window = evaluate.evaluate_run(run_dir, task.eval, device, cache, task.name)
                 results.merge_rows(out, "extrapolation", rows)
                 results.merge_rows(out, "positions", positions)
+                results.merge_rows(out, "windows", per_window)
                 done["evaluated"] += 1
             bar.advance(overall)
         if task.passkey.enabled:

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from posbench import results
+from posbench import results, stats
 from posbench.config import EvalConfig, PasskeyConfig
 from posbench.data import ByteTokenizer, Corpus, _fingerprint, load_tokenizer, load_tokens, split_documents
 from posbench.errors import PosbenchError
@@ -274,7 +274,8 @@ def evaluate_run(run_dir: Path, cfg: PasskeyConfig, eval_cfg: EvalConfig, device
             for k, depth in enumerate(cfg.depths):
                 hits = sum(hit[k * cfg.trials: (k + 1) * cfg.trials])
                 rows.append({**common, "depth": float(depth), "hits": hits,
-                             "accuracy": hits / (cfg.trials * draws), "status": "ok", "reason": ""})
+                             "accuracy": hits / (cfg.trials * draws),
+                             **stats.accuracy_columns(hits, cfg.trials * draws), "status": "ok", "reason": ""})
     return rows
 
 

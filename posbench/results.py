@@ -39,7 +39,13 @@ TABLES: dict[str, dict[str, list[str]]] = {
         "key": ["run_id", "eval_len", "mode", "stride", "scaling", "extension"],
         "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "eval_len", "ratio",
                     "mode", "stride", "scaling", "extension", "position_draws", "tokens", "loss",
-                    "ppl", "backend", "status", "reason"] + PROVENANCE,
+                    "ppl", "loss_se", "ppl_lo", "ppl_hi", "backend", "status", "reason"] + PROVENANCE,
+    },
+    # Each scored window's mean loss: what posbench.paired pairs between two models.
+    "windows": {
+        "key": ["run_id", "eval_len", "mode", "stride", "scaling", "extension", "window"],
+        "columns": ["run_id", "task", "scheme", "seed", "train_len", "eval_len", "mode", "stride",
+                    "scaling", "extension", "corpus", "window", "start", "loss"],
     },
     "positions": {
         "key": ["run_id", "eval_len", "mode", "stride", "scaling", "extension", "bucket"],
@@ -49,8 +55,16 @@ TABLES: dict[str, dict[str, list[str]]] = {
     "passkey": {
         "key": ["run_id", "eval_len", "depth", "scaling", "extension"],
         "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "eval_len", "ratio",
-                    "depth", "trials", "position_draws", "hits", "accuracy", "scaling", "extension",
-                    "backend", "status", "reason"] + PROVENANCE,
+                    "depth", "trials", "position_draws", "hits", "accuracy", "acc_lo", "acc_hi",
+                    "scaling", "extension", "backend", "status", "reason"] + PROVENANCE,
+    },
+    # Per run and protocol (perplexity: mode and stride; accuracy: the probe), the longest length
+    # from the training length up whose value stays within `criterion` (posbench.effective).
+    "effective_length": {
+        "key": ["run_id", "metric", "protocol", "scaling", "extension"],
+        "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "metric", "protocol",
+                    "scaling", "extension", "reference", "criterion", "max_len", "effective_len",
+                    "ratio", "status"] + PROVENANCE,
     },
     "speed": {
         "key": ["scheme", "backend", "pass", "device", "device_name", "dtype", "batch", "heads",

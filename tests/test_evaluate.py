@@ -40,7 +40,7 @@ def mean_loss(total, count):
 def test_nonoverlap_scores_every_token_with_known_loss():
     cfg = EvalConfig(tokens=512, batch_tokens=128)
     for length in (16, 64, 128):
-        total, count = score(ContextPredictor(), STREAM, length, cfg, (16, 64, 128), "cpu", "float32")
+        total, count, *_ = score(ContextPredictor(), STREAM, length, cfg, (16, 64, 128), "cpu", "float32")
         harmonic = sum(1 / (p + 1) for p in range(length)) / length
         assert mean_loss(total, count) == pytest.approx(harmonic)
         assert count.sum() == 512 and (count == 512 / length).all()
@@ -48,7 +48,7 @@ def test_nonoverlap_scores_every_token_with_known_loss():
 
 def test_sliding_scores_only_last_stride_tokens():
     cfg = EvalConfig(mode="sliding", stride=16, tokens=256)
-    total, count = score(ContextPredictor(), STREAM, 64, cfg, (64, 128), "cpu", "float32")
+    total, count, *_ = score(ContextPredictor(), STREAM, 64, cfg, (64, 128), "cpu", "float32")
     assert (count[:48] == 0).all() and (count[48:] == 256 / 16).all()
     expect = sum(1 / (p + 1) for p in range(48, 64)) / 16
     assert mean_loss(total, count) == pytest.approx(expect)
@@ -78,7 +78,7 @@ def test_uniform_model_has_vocabulary_perplexity():
     with torch.no_grad():
         model.head.weight.zero_()
     cfg = EvalConfig(tokens=256)
-    total, count = score(model, STREAM % 50, 64, cfg, (64,), "cpu", "float32")
+    total, count, *_ = score(model, STREAM % 50, 64, cfg, (64,), "cpu", "float32")
     assert math.exp(mean_loss(total, count)) == pytest.approx(50, rel=1e-5)
 
 
@@ -108,7 +108,7 @@ def trained(tiny_data, tmp_path_factory):
 def test_unsupported_rows_and_hierarchical_extension(trained):
     cfg = EvalConfig(lengths=(16, 32), tokens=64, learned_extension=("none", "hierarchical"))
     (run,) = [p for p in trained.iterdir() if p.name.startswith("learned-")]
-    rows, positions = evaluate_run(run, cfg, "cpu")
+    rows, positions, _ = evaluate_run(run, cfg, "cpu")
     by = {(r["eval_len"], r["extension"]): r for r in rows}
     assert by[(16, "none")]["status"] == "ok"
     assert by[(32, "none")]["status"] == "unsupported" and "beyond its table of 16" in by[(32, "none")]["reason"]
@@ -121,7 +121,7 @@ def test_unsupported_rows_and_hierarchical_extension(trained):
 def test_rope_scaling_rows(trained):
     cfg = EvalConfig(lengths=(16, 64), tokens=64, rope_scaling=("none", "pi", "yarn"))
     (run,) = [p for p in trained.iterdir() if p.name.startswith("rope-")]
-    rows, _ = evaluate_run(run, cfg, "cpu")
+    rows, *_ = evaluate_run(run, cfg, "cpu")
     by = {(r["eval_len"], r["scaling"]): r["loss"] for r in rows}
     assert by[(16, "pi")] == by[(16, "none")] == by[(16, "yarn")]  # s = 1 in length
     assert by[(64, "pi")] != by[(64, "none")] != by[(64, "yarn")]

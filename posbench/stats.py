@@ -1,0 +1,176 @@
+"""The uncertainty next to every number posbench reports.
+
+- Over seeds: the mean and a two-sided 95% Student t-interval, mean ± t(0.975, n-1) · s / sqrt(n).
+  A t-interval rather than a bootstrap: with the 2-5 seeds a grid affords, a bootstrap's
+  resamples take only a handful of distinct values and its interval is too narrow.
+- Within one run: the standard error of a mean loss over scored windows by batch means (windows
+  whose contexts overlap are grouped into blocks first, see `batch_se`), and the Wilson score
+  interval of an accuracy, hits out of trials (Wilson 1927; it stays inside [0, 1] and keeps its
+  coverage at 0 or all hits, where the normal interval collapses to a point).
+- Paired differences: the same windows scored by two models, differences taken window by window
+  and seed by seed (`paired_difference`).
+
+Only the standard library: the t quantile is inverted from the exact t distribution function
+for integer degrees of freedom (Abramowitz & Stegun 26.7.3-4).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Iterable, Sequence
+
+LEVEL = 0.95
+SERIES_DF = 100  # above this, the Cornish-Fisher expansion (error < 1e-6) replaces the exact series
+
+
+def t_central(t: float, df: int) -> float:
+    """P(|T| <= t) for Student's t with integer df (A&S 26.7.3 for odd df, 26.7.4 for even)."""
+    theta = math.atan(abs(t) / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2:
+        term, total = math.cos(theta), 0.0
+        for k in range(1, (df - 1) // 2 + 1):  # cos(θ) + 2/3 cos³(θ) + (2·4)/(3·5) cos⁵(θ) + ...
+            total += term
+            term *= c2 * (2 * k) / (2 * k + 1)
+        return 2 / math.pi * (theta + math.sin(theta) * total) if df > 1 else 2 / math.pi * theta
+    term, total = 1.0, 0.0
+    for k in range(1, df // 2 + 1):  # 1 + 1/2 cos²(θ) + (1·3)/(2·4) cos⁴(θ) + ...
+        total += term
+        term *= c2 * (2 * k - 1) / (2 * k)
+    return math.sin(theta) * total
+
+
+def t_quantile(level: float, df: int | float) -> float:
+    """The t with P(|T| <= t) = level: the half-width, in standard errors, of a two-sided interval."""
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    if df < 1:
+        return math.nan
+    z = NormalDist().inv_cdf((1 + level) / 2)
+    if math.isinf(df):
+        return z
+    df = int(df)
+    if df > SERIES_DF:
+        return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+                + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
+    lo, hi = 0.0, 1.0
+    while t_central(hi, df) < level:
+        hi *= 2
+    for _ in range(80):  # bisection to double precision
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_central(mid, df) < level else (lo, mid)
+    return (lo + hi) / 2
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A mean with its standard error and two-sided interval over n observations; se, lo and hi
+    are NaN when n < 2 (one observation has no spread)."""
+
+    mean: float
+    lo: float
+    hi: float
+    n: int
+    se: float
+
+    @property
+    def has_interval(self) -> bool:
+        return self.n >= 2 and not math.isnan(self.lo)
+
+    def contains(self, value: float) -> bool:
+        return self.lo <= value <= self.hi
+
+
+def _clean(values: Iterable[float]) -> list[float]:
+    return [float(v) for v in values if v is not None and not math.isnan(float(v))]
+
+
+def std(values: Sequence[float]) -> float:
+    """Sample standard deviation (n - 1 in the denominator); NaN below two values."""
+    n = len(values)
+    if n < 2:
+        return math.nan
+    m = sum(values) / n
+    return math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
+
+
+def mean_interval(values: Iterable[float], level: float = LEVEL) -> Interval:
+    """Mean and t-interval of independent observations (NaNs dropped)."""
+    xs = _clean(values)
+    n = len(xs)
+    if n == 0:
+        return Interval(math.nan, math.nan, math.nan, 0, math.nan)
+    mean = sum(xs) / n
+    se = std(xs) / math.sqrt(n)
+    half = t_quantile(level, n - 1) * se if n > 1 else math.nan
+    return Interval(mean, mean - half, mean + half, n, se)
+
+
+def wilson(hits: int, trials: int, level: float = LEVEL) -> tuple[float, float]:
+    """Wilson score interval of a proportion hits / trials; (NaN, NaN) without trials."""
+    if trials <= 0:
+        return math.nan, math.nan
+    if not 0 <= hits <= trials:
+        raise ValueError(f"hits {hits} not in 0..{trials}")
+    z = NormalDist().inv_cdf((1 + level) / 2)
+    p = hits / trials
+    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z / (1 + z * z / trials) * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials**2))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def block_means(values: Sequence[float], block: int) -> list[float]:
+    """Means of consecutive blocks of `block` values; a short last block is merged into the one
+    before it so that every value counts."""
+    block = max(1, block)
+    n = len(values) // block
+    if n <= 1:
+        return [sum(values) / len(values)] if values else []
+    edges = [k * block for k in range(n)] + [len(values)]
+    return [sum(values[a:b]) / (b - a) for a, b in zip(edges[:-1], edges[1:])]
+
+
+def batch_se(values: Sequence[float], block: int = 1) -> tuple[float, int]:
+    """Standard error of the mean of a series whose neighbours may be correlated, by batch means:
+    the standard deviation of block means over sqrt(blocks). Returns (se, blocks); se is NaN below
+    two blocks. With block 1 it is the plain standard error of independent values."""
+    means = block_means(values, block)
+    return std(means) / math.sqrt(len(means)) if len(means) > 1 else math.nan, len(means)
+
+
+def interval_from_se(mean: float, se: float, df: int, level: float = LEVEL) -> tuple[float, float]:
+    half = t_quantile(level, df) * se
+    return mean - half, mean + half
+
+
+def paired_difference(a: dict, b: dict, block: int = 1, level: float = LEVEL) -> Interval:
+    """Mean of a - b over paired observations, with its interval.
+
+    `a` and `b` map a seed to the per-window values of that seed (the same windows, in the same
+    order, for both). Windows are paired within a seed and seeds with each other; with two or
+    more common seeds the unit is the seed (a t-interval of the per-seed mean differences, which
+    carries the training noise), with one seed it is the window (batch means of the window
+    differences: evaluation noise only, the model is fixed)."""
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        return Interval(math.nan, math.nan, math.nan, 0, math.nan)
+    diffs = {}
+    for s in seeds:
+        if len(a[s]) != len(b[s]):
+            raise ValueError(f"seed {s}: {len(a[s])} windows against {len(b[s])}")
+        diffs[s] = [x - y for x, y in zip(a[s], b[s])]
+    if len(seeds) >= 2:
+        return mean_interval([sum(d) / len(d) for d in diffs.values()], level)
+    d = diffs[seeds[0]]
+    mean = sum(d) / len(d)
+    se, blocks = batch_se(d, block)
+    lo, hi = interval_from_se(mean, se, blocks - 1, level) if blocks > 1 else (math.nan, math.nan)
+    return Interval(mean, lo, hi, 1, se)
+
+
+def accuracy_columns(hits: int, trials: int) -> dict[str, float]:
+    """The acc_lo and acc_hi columns of an accuracy row (passkey, probes): Wilson 95%."""
+    lo, hi = wilson(hits, trials)
+    return {"acc_lo": lo, "acc_hi": hi}

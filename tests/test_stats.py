@@ -1,0 +1,80 @@
+"""Intervals against values from statistical tables and hand computation."""
+
+import math
+
+import pytest
+
+from posbench import stats
+
+# Two-sided 95% and 99% Student t quantiles (any statistics textbook's table).
+T_TABLE = [(1, 12.706, 63.657), (2, 4.303, 9.925), (3, 3.182, 5.841), (5, 2.571, 4.032),
+           (10, 2.228, 3.169), (30, 2.042, 2.750), (120, 1.980, 2.617), (math.inf, 1.960, 2.576)]
+
+
+@pytest.mark.parametrize("df, t95, t99", T_TABLE)
+def test_t_quantiles_match_the_table(df, t95, t99):
+    assert stats.t_quantile(0.95, df) == pytest.approx(t95, abs=1e-3)
+    assert stats.t_quantile(0.99, df) == pytest.approx(t99, abs=1e-3)
+
+
+def test_t_distribution_closed_forms_and_the_expansion_seam():
+    # df 1 is Cauchy: P(|T| <= 1) = 1/2; df 2: P(|T| <= t) = t / sqrt(2 + t^2).
+    assert stats.t_central(1.0, 1) == pytest.approx(0.5)
+    assert stats.t_central(3.0, 2) == pytest.approx(3 / math.sqrt(11))
+    # The exact series and the expansion agree where one hands over to the other.
+    df = stats.SERIES_DF
+    assert stats.t_central(stats.t_quantile(0.95, df + 1), df + 1) == pytest.approx(0.95, abs=1e-7)
+
+
+def test_mean_interval_by_hand():
+    iv = stats.mean_interval([1.0, 2.0, 3.0])
+    assert iv.mean == 2 and iv.n == 3
+    assert iv.se == pytest.approx(1 / math.sqrt(3))
+    assert (iv.lo, iv.hi) == pytest.approx((2 - 4.302653 / math.sqrt(3), 2 + 4.302653 / math.sqrt(3)), abs=1e-5)
+    one = stats.mean_interval([5.0, float("nan")])  # NaN dropped: one seed, no interval
+    assert one.mean == 5 and one.n == 1 and not one.has_interval
+
+
+@pytest.mark.parametrize("hits, trials, lo, hi", [
+    (0, 10, 0.0, 0.2775), (10, 10, 0.7225, 1.0), (5, 10, 0.2366, 0.7634), (81, 263, 0.2553, 0.3662),
+])
+def test_wilson_interval(hits, trials, lo, hi):
+    # (5, 10) by hand: p = 0.5, z = 1.96: centre 0.5, half = 1.96/1.3842 * sqrt(0.025 + 0.0096).
+    assert stats.wilson(hits, trials) == pytest.approx((lo, hi), abs=1e-4)
+    assert stats.accuracy_columns(hits, trials) == pytest.approx({"acc_lo": lo, "acc_hi": hi}, abs=1e-4)
+    assert all(math.isnan(v) for v in stats.wilson(0, 0))
+
+
+def test_batch_means_standard_error():
+    values = [1.0, 2.0, 3.0, 4.0]
+    assert stats.batch_se(values, 1) == pytest.approx((math.sqrt(5 / 3) / 2, 4))
+    assert stats.batch_se(values, 2) == pytest.approx((1.0, 2))  # block means 1.5, 3.5
+    assert stats.block_means([1.0, 2.0, 3.0, 4.0, 5.0], 2) == [1.5, 4.0]  # the short block joins the last
+    se, blocks = stats.batch_se(values, 4)
+    assert blocks == 1 and math.isnan(se)
+
+
+def test_paired_difference_finds_a_known_gap_that_unpaired_noise_would_hide():
+    # Window difficulty varies a lot (1..20) and is shared; B is worse by exactly 0.1 + small noise.
+    base = [float(w % 20 + 1) for w in range(40)]
+    noise = [0.01 * ((7 * w) % 5 - 2) for w in range(40)]
+    a = {0: base}
+    b = {0: [x + 0.1 + e for x, e in zip(base, noise)]}
+    iv = stats.paired_difference(a, b)
+    assert iv.mean == pytest.approx(-0.1) and iv.lo < -0.1 < iv.hi < 0  # A better: the interval excludes 0
+    assert iv.hi - iv.lo < 0.02
+    # Unpaired, the spread of the windows (sd ~5.8) would swamp a 0.1 difference.
+    assert stats.mean_interval(base).hi - stats.mean_interval(base).lo > 3
+    same = stats.paired_difference(a, {0: [x + e for x, e in zip(base, noise)]})
+    assert same.contains(0.0)
+
+
+def test_paired_difference_over_seeds_uses_the_seed_as_unit():
+    a = {0: [1.0, 1.0], 1: [2.0, 2.0], 2: [3.0, 3.0]}
+    b = {0: [1.5, 1.5], 1: [2.0, 2.0], 2: [3.1, 3.1], 7: [0.0, 0.0]}  # seed 7 has no partner
+    iv = stats.paired_difference(a, b)
+    assert iv.n == 3
+    assert iv.mean == pytest.approx(-0.2)  # per-seed differences -0.5, 0, -0.1
+    assert iv.se == pytest.approx(stats.std([-0.5, 0.0, -0.1]) / math.sqrt(3))
+    with pytest.raises(ValueError, match="windows"):
+        stats.paired_difference({0: [1.0]}, {0: [1.0, 2.0]})
