@@ -144,11 +144,12 @@ def extrapolate(
     llama3_high: Optional[float] = typer.Option(None, help="Llama 3 high_freq_factor"),
     learned_extension: Optional[str] = typer.Option(None, help="comma-separated: none,hierarchical"),
     position_draws: Optional[int] = typer.Option(None, help="randomized runs: position draws averaged per length"),
+    tolerance: Optional[float] = typer.Option(None, help="effective length: perplexity within this fraction of in-distribution (default 0.1)"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     out: Optional[Path] = typer.Option(None, help="where CSVs and plots go (default: the runs directory)"),
 ):
     """Evaluate every trained run on the test split at every length; CSVs, a table and plots."""
-    from posbench import evaluate, report
+    from posbench import effective, evaluate, report
 
     t = config.load_task(task)
     cfg = config.replace(
@@ -158,11 +159,14 @@ def extrapolate(
         rope_scaling=_split(rope_scaling), rope_scaling_factor=scaling_factor,
         yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, llama3_low=llama3_low, llama3_high=llama3_high,
         learned_extension=_split(learned_extension), position_draws=position_draws,
+        effective_tolerance=tolerance,
     )
     names = _scheme_names(scheme)
     out_dir = out or runs_dir
     rows = evaluate.extrapolate(runs_dir, cfg, names, out_dir, device, progress=sys.stderr.isatty())
-    console.print(report.ppl_table(rows, f"perplexity, {cfg.mode}"))
+    effective.write(out_dir, cfg.effective_tolerance, cfg.effective_threshold)
+    eff = effective.by_label(effective.perplexity_rows(rows, cfg.effective_tolerance))
+    console.print(report.ppl_table(rows, f"perplexity, {cfg.mode}", eff))
     from posbench import results
 
     plots = [
@@ -171,8 +175,8 @@ def extrapolate(
         report.plot_positions(results.read_rows(results.table_path(out_dir, "positions")),
                               Path(out_dir) / "positions.png"),
     ]
-    console.print(f"wrote {results.table_path(out_dir, 'extrapolation')}, "
-                  f"{results.table_path(out_dir, 'positions')}, {', '.join(map(str, plots))}")
+    written = [results.table_path(out_dir, t) for t in ("extrapolation", "positions", "windows", "effective_length")]
+    console.print(f"wrote {', '.join(map(str, written + plots))}")
 
 
 @app.command()
@@ -226,12 +230,13 @@ def run(
         f"{t.name} shard {part[0]}/{part[1]}: trained {done['trained']}, skipped {done['skipped_train']} "
         f"finished; evaluated {done['evaluated']}, skipped {done['skipped_eval']}; speed rows {done['speed']}"
     )
-    path = report.write_report(out_dir)
-    from posbench import results
+    path = report.write_report(out_dir, t.eval.effective_tolerance, t.eval.effective_threshold)
+    from posbench import effective, results
 
-    rows = results.read_rows(results.table_path(out_dir, "extrapolation"))
+    rows = [r for r in results.read_rows(results.table_path(out_dir, "extrapolation")) if r["mode"] == t.eval.mode]
     if rows:
-        console.print(report.ppl_table(rows, f"perplexity, {t.name}"))
+        eff = effective.by_label(effective.perplexity_rows(rows, t.eval.effective_tolerance))
+        console.print(report.ppl_table(rows, f"perplexity, {t.name}, {t.eval.mode}", eff))
     console.print(f"report: {path}")
 
 
@@ -258,6 +263,10 @@ def compare(
 def report_cmd(
     directory: Path = typer.Argument(Path("runs"), help="results directory"),
     merge: Optional[List[Path]] = typer.Option(None, help="other results directories (shards) to merge in first"),
+    tolerance: float = typer.Option(config.EvalConfig.effective_tolerance,
+                                    help="effective length: perplexity within this fraction of in-distribution"),
+    threshold: float = typer.Option(config.EvalConfig.effective_threshold,
+                                    help="effective length of probes: accuracy at least this"),
 ):
     """Write report.md and PNG plots from a results directory (merging shards first)."""
     from posbench import report, results
@@ -269,7 +278,8 @@ def report_cmd(
             rows = results.read_rows(results.table_path(other, table))
             if rows:
                 results.merge_rows(directory, table, rows)
-    console.print(f"wrote {report.write_report(directory)}")
+    config.replace(config.EvalConfig(), effective_tolerance=tolerance, effective_threshold=threshold)  # range checks
+    console.print(f"wrote {report.write_report(directory, tolerance, threshold)}")
 
 
 @app.command()

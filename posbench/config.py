@@ -58,6 +58,8 @@ class EvalConfig:
     learned_extension: tuple[str, ...] = ("none",)
     position_buckets: int = 16
     position_draws: int = 4  # randomized runs: position draws averaged per length (posbench.positions)
+    effective_tolerance: float = 0.10  # effective length: perplexity within 10% of in-distribution
+    effective_threshold: float = 0.5  # effective length of probes: accuracy at least this
 
 
 @dataclass(frozen=True)
@@ -202,6 +204,10 @@ def validate(obj) -> None:
         if not 0 < obj.llama3_low < obj.llama3_high < math.inf:
             raise PosbenchError(f"llama3_low and llama3_high must satisfy 0 < low < high, "
                                 f"got {obj.llama3_low} and {obj.llama3_high}")
+        if not obj.effective_tolerance >= 0:
+            raise PosbenchError(f"effective_tolerance must be >= 0, got {obj.effective_tolerance}")
+        if not 0 <= obj.effective_threshold <= 1:
+            raise PosbenchError(f"effective_threshold must be in [0, 1], got {obj.effective_threshold}")
     elif isinstance(obj, SpeedConfig):
         check_lengths(obj.lengths)
         _positive(obj, "batch_size", "heads", "head_dim", "repeats")

@@ -319,10 +319,10 @@ def accuracy_frame(rows):
 
 
 def _cells(df) -> tuple[list[int], list[list[str]]]:
-    """Schemes x lengths: accuracy (mean over depths and seeds) as text, or the status."""
-    from posbench.report import label_grid
+    """Schemes x lengths: accuracy (pooled over depths; interval over seeds or trials) as text, or the status."""
+    from posbench.report import accuracy_cell, label_grid
 
-    return label_grid(df, "accuracy", lambda n, m, sd, c: f"{100 * m:.0f}%")
+    return label_grid(df, "accuracy", lambda n, g: accuracy_cell(g))
 
 
 def _header(df, n: int) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 from rich.table import Table
 
+from posbench import stats
 from posbench.errors import PosbenchError
 
 
@@ -45,53 +46,90 @@ def extrapolation_frame(rows) -> pd.DataFrame:
     df = pd.DataFrame(rows) if not isinstance(rows, pd.DataFrame) else rows.copy()
     df["label"] = df.apply(label, axis=1)
     df["ppl"] = pd.to_numeric(df.get("ppl"), errors="coerce")
+    df["loss_se"] = pd.to_numeric(df["loss_se"], errors="coerce") if "loss_se" in df else math.nan
     df["eval_len"] = df["eval_len"].astype(int)
     return df
 
 
 def label_grid(df: pd.DataFrame, value: str, fmt) -> tuple[list[int], list[list[str]]]:
     """Scheme variants (rows, by `label`) x evaluation lengths of `df[value]`: each row starts with
-    its label; a cell is fmt(length, mean, std, count) over the rows of that label and length, the
-    status where the value is missing (e.g. unsupported), empty where there is no row."""
+    its label and its number of seeds; a cell is fmt(length, rows of that label and length), with
+    "(n=K)" when fewer seeds than the row's have it, the status where the value is missing (e.g.
+    unsupported), empty where there is no row."""
     lengths = sorted(int(n) for n in df["eval_len"].unique())
-    stats = df.groupby(["label", "eval_len"])[value].agg(["mean", "std", "count"])
-    status = df.groupby(["label", "eval_len"])["status"].first()
     out = []
     for name in sorted(df["label"].unique(), key=lambda s: (s.split("+")[0], s)):
-        cells = [name]
+        rows = df[df["label"] == name]
+        seeds = rows["seed"].nunique()
+        cells = [f"{name} ({seeds} seed{'s' if seeds > 1 else ''})"]
         for n in lengths:
-            if (name, n) not in stats.index:
+            g = rows[rows["eval_len"] == n]
+            if g.empty:
                 cells.append("")
-                continue
-            m, sd, c = stats.loc[(name, n)]
-            cells.append(str(status.loc[(name, n)]) if math.isnan(m) else fmt(n, m, sd, c))
+            elif g[value].isna().all():
+                cells.append(str(g["status"].iloc[0]))
+            else:
+                have = g.dropna(subset=[value])["seed"].nunique()
+                cells.append(fmt(n, g) + (f" (n={have})" if have < seeds else ""))
         out.append(cells)
     return lengths, out
 
 
+SEED_NOTE = ("several seeds: mean [95% t-interval over seeds]; one seed: {within}")
+
+
 def ppl_grid(rows, mark) -> tuple[list[int], list[list[str]]]:
-    """Schemes x lengths cells: mean perplexity over seeds (+- std when several), the status where
-    there is no number, and `mark(text)` on the best (lowest) of each column."""
+    """Schemes x lengths cells: mean perplexity over seeds with its 95% interval when several, the
+    value ± its standard error over windows when one, the status where there is no number, and
+    `mark(text)` on the best (lowest mean) of each column."""
     df = extrapolation_frame(rows)
     best = df.groupby(["label", "eval_len"])["ppl"].mean().groupby(level="eval_len").min()
 
-    def fmt(n, m, sd, c):
-        text = f"{m:.2f}" + (f" ± {sd:.2f}" if c > 1 and not math.isnan(sd) else "")
-        return mark(text) if m == best.loc[n] else text
+    def fmt(n, g):
+        iv = stats.mean_interval(g["ppl"])
+        if iv.n > 1:
+            text = f"{iv.mean:.2f} [{iv.lo:.2f}, {iv.hi:.2f}]"
+        else:
+            se = iv.mean * float(g["loss_se"].max())  # delta method: d ppl = ppl * d loss
+            text = f"{iv.mean:.2f}" + (f" ± {se:.2f}" if math.isfinite(se) else "")
+        return mark(text) if iv.mean == best.loc[n] else text
 
     return label_grid(df, "ppl", fmt)
 
 
-def ppl_table(rows, title: str = "perplexity (lower is better)") -> Table:
-    """The rich table: best per column in bold green with a star."""
+PPL_NOTE = SEED_NOTE.format(within="± standard error over windows")
+
+
+def accuracy_cell(g: pd.DataFrame) -> str:
+    """Accuracy of one label and length, hits and trials pooled over the other columns (depth,
+    variant) within each run: over several seeds the mean [95% t-interval over seeds], over one
+    the value (Wilson 95% interval over its trials)."""
+    ok = g[g["status"] == "ok"]
+    per_run = ok.groupby("run_id")[["hits", "trials"]].agg(lambda v: pd.to_numeric(v).sum())
+    iv = stats.mean_interval(per_run["hits"] / per_run["trials"])
+    if iv.n > 1:
+        return f"{100 * iv.mean:.0f}% [{100 * max(iv.lo, 0):.0f}, {100 * min(iv.hi, 1):.0f}]"
+    lo, hi = stats.wilson(int(per_run["hits"].iloc[0]), int(per_run["trials"].iloc[0]))
+    return f"{100 * iv.mean:.0f}% ({100 * lo:.0f}–{100 * hi:.0f})"
+
+
+ACCURACY_NOTE = SEED_NOTE.format(within="(Wilson 95% interval over its trials)")
+
+
+def ppl_table(rows, title: str = "perplexity (lower is better)", effective: dict | None = None) -> Table:
+    """The rich table: best per column in bold green with a star; `effective` (label -> text)
+    adds a column of effective lengths."""
     lengths, cells = ppl_grid(rows, lambda text: f"[bold green]{text}*[/]")
     train_lens = sorted(extrapolation_frame(rows)["train_len"].astype(int).unique())
-    table = Table(title=f"{title}; trained at {', '.join(map(str, train_lens))}")
+    table = Table(title=f"{title}; trained at {', '.join(map(str, train_lens))}", caption=PPL_NOTE)
     table.add_column("scheme")
     for n in lengths:
         table.add_column(str(n), justify="right")
+    if effective is not None:
+        table.add_column("effective length", justify="right")
     for row in cells:
-        table.add_row(*row)
+        name = row[0].rsplit(" (", 1)[0]
+        table.add_row(*row, *([effective.get(name, "-")] if effective is not None else []))
     return table
 
 
@@ -202,9 +240,25 @@ def speed_markdown(df: pd.DataFrame) -> str:
     return "\n\n".join(parts)
 
 
-def write_report(directory: Path | str) -> Path:
-    """report.md and PNG plots from the CSVs in `directory`."""
-    from posbench import results
+def effective_markdown(rows: list[dict]) -> str:
+    """One table per task: scheme variants x protocols, the effective length of each run."""
+    from posbench import effective
+
+    parts = []
+    for task in sorted({r["task"] for r in rows}):
+        mine = [r for r in rows if r["task"] == task]
+        texts = effective.cells(mine)
+        protocols = sorted({p for _, p in texts}, key=lambda p: (p not in ("nonoverlap",), p))
+        labels = sorted({name for name, _ in texts}, key=lambda s: (s.split("+")[0], s))
+        body = [[name] + [texts.get((name, p), "") for p in protocols] for name in labels]
+        parts.append(f"### {task}\n\n" + markdown_table(["scheme"] + protocols, body))
+    return "\n\n".join(parts)
+
+
+def write_report(directory: Path | str, tolerance: float | None = None, threshold: float | None = None) -> Path:
+    """report.md and PNG plots from the CSVs in `directory`, and effective_length.csv (perplexity
+    within `tolerance` of in-distribution, accuracy at least `threshold`)."""
+    from posbench import effective, results
 
     directory = Path(directory)
     read = lambda t: pd.DataFrame(results.read_rows(results.table_path(directory, t)))  # noqa: E731
@@ -225,8 +279,8 @@ def write_report(directory: Path | str) -> Path:
         for r in failed.itertuples():
             md.append(f"- {r.run_id}: {r.status} {r.message}")
     if not ext.empty:
-        md += ["## Extrapolation", "", "Perplexity on the test split (lower is better; best per "
-               "column in bold; mean ± std over seeds).", ""]
+        md += ["## Extrapolation", "", "Perplexity on the test split (lower is better; best mean per "
+               f"column in bold; {PPL_NOTE}).", ""]
         for (mode, stride), g in ext.groupby(["mode", "stride"]):
             title = f"{mode}" + (f", stride {stride}" if mode == "sliding" else "")
             md += [f"### {title}", "", ppl_markdown(g), ""]
@@ -239,9 +293,19 @@ def write_report(directory: Path | str) -> Path:
     if not passkey.empty:
         from posbench.passkey import accuracy_markdown, plot_heatmaps
 
-        md += ["## Passkey retrieval", "", "Exact-match accuracy of the key (higher is better), mean "
-               "over key depths and seeds; the heatmaps show each depth.", "", accuracy_markdown(passkey), ""]
+        md += ["## Passkey retrieval", "", "Exact-match accuracy of the key (higher is better), pooled "
+               f"over key depths; {ACCURACY_NOTE}; the heatmaps show each depth.", "",
+               accuracy_markdown(passkey), ""]
         md += [f"![{p.stem}]({p.name})" for p in plot_heatmaps(passkey, directory)] + [""]
+    tolerance = effective.TOLERANCE if tolerance is None else tolerance
+    threshold = effective.THRESHOLD if threshold is None else threshold
+    eff = effective.write(directory, tolerance, threshold)
+    if eff:
+        md += ["## Effective length", "", f"Per run, the longest evaluated length from the training length "
+               f"up at which perplexity stays within {tolerance:.0%} of its value at the training length, "
+               f"or accuracy at least {threshold:.0%} (≥: held to the longest length evaluated; "
+               "-: no in-distribution value or already below; one value per seed when they differ).",
+               "", effective_markdown(eff), ""]
     if not speed.empty:
         md += ["## Attention cost", "", speed_markdown(speed), ""]
     path = directory / "report.md"

@@ -1,0 +1,159 @@
+"""Effective length (after RULER's, scaled to tiny models): per run and protocol, the longest
+evaluated length up to which the model still does what it does in-distribution.
+
+- Perplexity (extrapolation.csv; one protocol per mode and stride, `sliding/half` for the default
+  stride of half of each window, per eval-time variant): the
+  reference is the perplexity at the training length (or, if that was not evaluated, at the
+  longest evaluated length below it). Walking up the evaluated lengths from the reference, a length
+  passes when its row is ok and its perplexity is at most (1 + tolerance) x the reference; the
+  effective length is the last length before the first one that fails ("stays": contiguous from
+  the training length up, so a later recovery does not count).
+- Accuracy (passkey.csv, probes.csv; one protocol per probe): the same walk from the first
+  evaluated length at or above the training length, a length passing when its accuracy, pooled
+  over depths or variants (hits / trials), is at least the threshold.
+
+`status` says how to read a row: `ok`, the walk stopped inside the evaluated range; `censored`,
+every length passed, so the effective length is at least the longest evaluated one (written
+">=" in tables); `no reference`, nothing at or below the training length (perplexity) or the first
+length already fails (accuracy), and the effective length is empty.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+
+from posbench import results
+from posbench.config import EvalConfig
+
+TOLERANCE = EvalConfig.effective_tolerance
+THRESHOLD = EvalConfig.effective_threshold
+RUN_COLUMNS = ("run_id", "task", "scheme", "params", "seed", "train_len")
+
+
+def _walk(points: list[tuple[int, bool]]) -> tuple[int | None, str]:
+    """(effective length, status) over (length, passes) sorted by length, from the first."""
+    last = None
+    for length, ok in points:
+        if not ok:
+            return last, "ok" if last is not None else "no reference"
+        last = length
+    return last, "censored" if last is not None else "no reference"
+
+
+def _number(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _row(first: dict, metric: str, protocol: str, reference: float, criterion: float,
+         lengths: list[int], effective: int | None, status: str) -> dict:
+    train_len = int(first["train_len"])
+    return {**{k: first.get(k, "") for k in RUN_COLUMNS}, "metric": metric, "protocol": protocol,
+            "scaling": first.get("scaling", "none"), "extension": first.get("extension", "none"),
+            "reference": reference, "criterion": criterion, "max_len": max(lengths),
+            "effective_len": effective, "ratio": effective / train_len if effective else None,
+            "status": status, **{k: first.get(k, "") for k in results.PROVENANCE}}
+
+
+def _protocols(rows: list[dict]) -> dict[str, list[dict]]:
+    """Rows of one run, mode and variant by protocol: `nonoverlap`, `sliding/S` for a fixed
+    stride, `sliding/half` for the default stride of half the window (one stride per length)."""
+    mode = rows[0]["mode"]
+    if mode != "sliding":
+        return {mode: rows}
+    strides = {int(r["stride"]) for r in rows}
+    if len(strides) > 1 and all(int(r["stride"]) == max(1, int(r["eval_len"]) // 2) for r in rows):
+        return {"sliding/half": rows}
+    return {f"sliding/{s}": [r for r in rows if int(r["stride"]) == s] for s in sorted(strides)}
+
+
+def perplexity_rows(rows: list[dict], tolerance: float = TOLERANCE) -> list[dict]:
+    """effective_length rows of extrapolation.csv rows, one per run, protocol and variant."""
+    groups = defaultdict(list)
+    for r in rows:
+        groups[(r["run_id"], r["mode"], r["scaling"], r["extension"])].append(r)
+    out = []
+    for _, run_rows in sorted(groups.items()):
+        for protocol, g in _protocols(run_rows).items():
+            out.append(_perplexity_row(sorted(g, key=lambda r: int(r["eval_len"])), protocol, tolerance))
+    return out
+
+
+def _perplexity_row(g: list[dict], protocol: str, tolerance: float) -> dict:
+    train_len = int(g[0]["train_len"])
+    lengths = [int(r["eval_len"]) for r in g]
+    below = [r for r in g if int(r["eval_len"]) <= train_len]
+    ref = _number(below[-1]["ppl"]) if below and below[-1]["status"] == "ok" else math.nan
+    if math.isnan(ref):
+        return _row(g[0], "ppl", protocol, math.nan, tolerance, lengths, None, "no reference")
+    walk = [(int(r["eval_len"]), r["status"] == "ok" and _number(r["ppl"]) <= (1 + tolerance) * ref)
+            for r in g[len(below) - 1:]]
+    effective, status = _walk(walk)
+    return _row(below[-1], "ppl", protocol, ref, tolerance, lengths, effective, status)
+
+
+def accuracy_rows(rows: list[dict], threshold: float = THRESHOLD) -> list[dict]:
+    """effective_length rows of accuracy rows (passkey.csv or probes.csv: hits and trials per row),
+    one per run, probe and variant; hits and trials are pooled over the other columns (depth)."""
+    groups = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        key = (r["run_id"], r.get("probe", "passkey"), r.get("scaling", "none"), r.get("extension", "none"))
+        groups[key][int(r["eval_len"])].append(r)
+    out = []
+    for (_, probe, *_), by_len in sorted(groups.items()):
+        first = next(iter(by_len.values()))[0]
+        train_len = int(first["train_len"])
+        lengths = sorted(by_len)
+        accuracy = [(n, _pooled(by_len[n])) for n in lengths if n >= train_len]
+        effective, status = _walk([(n, acc >= threshold) for n, acc in accuracy])
+        reference = accuracy[0][1] if accuracy else math.nan
+        out.append(_row(first, "accuracy", probe, reference, threshold, lengths, effective, status))
+    return out
+
+
+def _pooled(rows: list[dict]) -> float:
+    """Accuracy of rows pooled (total hits / total trials); NaN when any row is not ok."""
+    if any(r["status"] != "ok" for r in rows):
+        return math.nan
+    trials = sum(_number(r["trials"]) for r in rows)
+    return sum(_number(r["hits"]) for r in rows) / trials if trials else math.nan
+
+
+def write(directory: Path | str, tolerance: float = TOLERANCE, threshold: float = THRESHOLD) -> list[dict]:
+    """effective_length.csv from the extrapolation and accuracy tables in `directory`."""
+    read = lambda t: results.read_rows(results.table_path(directory, t))  # noqa: E731
+    rows = perplexity_rows(read("extrapolation"), tolerance)
+    rows += accuracy_rows(read("passkey") + read("probes"), threshold)
+    if rows:
+        results.merge_rows(directory, "effective_length", rows)
+    return rows
+
+
+def text(row: dict) -> str:
+    """One run's effective length for a table: 256 (4x), >=1024 (16x) when censored, - when none."""
+    if row["status"] == "no reference" or row.get("effective_len") in (None, ""):
+        return "-"
+    n, ratio = int(row["effective_len"]), _number(row["ratio"])
+    return f"{'≥' if row['status'] == 'censored' else ''}{n} ({ratio:g}x)"
+
+
+def by_label(rows: list[dict]) -> dict[str, str]:
+    """label -> effective lengths, for a table of one protocol per label (the console summary)."""
+    out = defaultdict(list)
+    for (name, _), value in cells(rows).items():
+        out[name].append(value)
+    return {name: "; ".join(v) for name, v in out.items()}
+
+
+def cells(rows: list[dict]) -> dict[tuple[str, str], str]:
+    """(label, protocol) -> the effective lengths of its seeds, one value when they agree."""
+    from posbench.report import label
+
+    by = defaultdict(list)
+    for r in sorted(rows, key=lambda r: (r["status"] == "censored", _number(r.get("effective_len") or -1))):
+        by[(label(r), r["protocol"])].append(text(r))
+    return {k: ", ".join(dict.fromkeys(v)) for k, v in by.items()}
