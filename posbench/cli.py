@@ -255,8 +255,25 @@ def compare(
     for warning in cmp.warnings:
         err.print(f"warning: {warning}", markup=False)
     same = sum(e["verdict"] == "same" for e in cmp.rows)
-    console.print(f"{len(cmp.rows)} baseline rows: {same} within rtol {rtol}, {cmp.regressions} regressions")
+    console.print(f"{len(cmp.rows)} comparisons: {same} within tolerance (the seeds' interval, or rtol {rtol} "
+                  f"with one seed), {cmp.regressions} regressions")
     return 1 if cmp.regressions else 0
+
+
+@app.command()
+def paired(
+    a: str = typer.Argument(..., help="scheme variant A, as the tables label it (rope, rope+yarn, ...)"),
+    b: str = typer.Argument(..., help="scheme variant B"),
+    runs_dir: Path = typer.Option(Path("runs"), help="results directory with windows.csv"),
+    lengths: Optional[str] = typer.Option(None, help="only these evaluation lengths, e.g. 256,512"),
+    mode: Optional[str] = typer.Option(None, help="nonoverlap | sliding (default: every mode evaluated)"),
+    task: Optional[str] = typer.Option(None, help="only runs of this task (when a directory holds several)"),
+):
+    """Is A better than B? The loss difference over the same windows and seeds, with its interval."""
+    from posbench.paired import paired as run_paired, paired_table
+
+    rows = run_paired(runs_dir, a, b, config.parse_int_list(lengths) if lengths else None, mode, task)
+    console.print(paired_table(rows, a, b))
 
 
 @app.command("report")

@@ -1,18 +1,26 @@
 """`posbench compare BASELINE CURRENT`: the CI gate. Rows are matched by the extrapolation key;
-a perplexity worse than the baseline beyond the tolerance, or a row that went missing or stopped
-being ok, is a regression (exit 1). Improvements beyond the tolerance and a different corpus or
-task version are warnings."""
+a row that went missing or stopped being ok is a regression (exit 1), and so is a perplexity
+worse than the baseline:
+
+- where the baseline has several seeds of a cell (same task, scheme, parameters, lengths,
+  protocol and variant), beyond the baseline's own spread: the current mean over its m seeds is
+  worse when it lies above mean + t(0.975, n - 1) * s * sqrt(1/n + 1/m), the 95% bound for the
+  difference of two means given the baseline's n seeds with standard deviation s;
+- with one seed, beyond the relative tolerance rtol.
+
+Improvements beyond the same bound and a different corpus or task version are warnings."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.table import Table
 
-from posbench import results
+from posbench import results, stats
 from posbench.errors import PosbenchError
 
 
@@ -54,6 +62,11 @@ def compare(baseline: Path | str, current: Path | str, rtol: float = 0.05) -> Co
     versions = (_provenance(baseline).get("task_version"), _provenance(current).get("task_version"))
     if None not in versions and versions[0] != versions[1]:
         out.warnings.append(f"task version differs: baseline {versions[0]}, current {versions[1]}")
+    cells = defaultdict(list)  # seed-free cell -> (entry, baseline row, current row), both ok
+    seeds = defaultdict(list)  # seed-free cell -> every ok baseline perplexity
+    for b in base.values():
+        if b["status"] == "ok":
+            seeds[_cell(b)].append(float(b["ppl"]))
     for k, b in sorted(base.items()):
         c = cur.get(k)
         entry = {"scheme": b["scheme"], "eval_len": b["eval_len"], "mode": b["mode"],
@@ -66,30 +79,59 @@ def compare(baseline: Path | str, current: Path | str, rtol: float = 0.05) -> Co
         elif b["status"] != "ok":
             entry["verdict"] = "same"
         else:
-            bp, cp = float(b["ppl"]), float(c["ppl"])
-            change = (cp - bp) / bp
-            entry["change"] = change
-            if not math.isfinite(cp) or change > rtol:
-                entry["verdict"] = "worse"
-            elif change < -rtol:
-                entry["verdict"] = "better"
-            else:
-                entry["verdict"] = "same"
-        if entry["verdict"] not in ("same", "better"):
-            if not (entry["verdict"].startswith("status") and c and c["status"] == "ok"):
-                out.regressions += 1
+            cells[_cell(b)].append((entry, b, c))
+            continue
+        if entry["verdict"] != "same" and not (entry["verdict"].startswith("status") and c["status"] == "ok"):
+            out.regressions += 1
         out.rows.append(entry)
+    for cell, members in cells.items():
+        for entry in _over_seeds(members, seeds[cell]) or [_by_rtol(e, b, c, rtol) for e, b, c in members]:
+            out.regressions += entry["verdict"] == "worse"
+            out.rows.append(entry)
+    out.rows.sort(key=lambda e: (e["scheme"], e["variant"], int(e["eval_len"]), e["mode"], e["seed"]))
     better = sum(e["verdict"] == "better" for e in out.rows)
     if better:
-        out.warnings.append(f"{better} rows improved beyond rtol {rtol}: baseline stale? refresh it")
+        out.warnings.append(f"{better} rows improved beyond rtol {rtol} or the seeds' interval: baseline stale? refresh it")
     extra = len(set(cur) - set(base))
     if extra:
         out.warnings.append(f"{extra} current rows have no baseline row")
     return out
 
 
+CELL = ("task", "scheme", "params", "train_len", "eval_len", "mode", "stride", "scaling", "extension")
+
+
+def _cell(row: dict) -> tuple[str, ...]:
+    """What a row measures, up to its seed: rows of one cell differ only in seed and run_id."""
+    return tuple(row.get(col, "") for col in CELL)
+
+
+def _by_rtol(entry: dict, b: dict, c: dict, rtol: float) -> dict:
+    bp, cp = float(b["ppl"]), float(c["ppl"])
+    change = (cp - bp) / bp
+    verdict = "worse" if not math.isfinite(cp) or change > rtol else "better" if change < -rtol else "same"
+    return {**entry, "change": change, "verdict": verdict}
+
+
+def _over_seeds(members: list, baseline: list[float]) -> list[dict]:
+    """One entry for a cell whose baseline has several seeds: the current mean against the
+    baseline mean's interval, widened for the current number of seeds (empty with one seed)."""
+    if len(baseline) < 2:
+        return []
+    current = [float(c["ppl"]) for _, _, c in members]
+    mean, sd = sum(baseline) / len(baseline), stats.std(baseline)
+    half = stats.t_quantile(stats.LEVEL, len(baseline) - 1) * sd * math.sqrt(1 / len(baseline) + 1 / len(current))
+    now = sum(current) / len(current)
+    verdict = "worse" if not math.isfinite(now) or now > mean + half else "better" if now < mean - half else "same"
+    entry = members[0][0]
+    return [{**entry, "seed": ",".join(sorted((b["seed"] for _, b, _ in members), key=int)),
+             "baseline": f"{mean:.3f} ± {half:.3f}", "current": f"{now:.3f}", "change": (now - mean) / mean,
+             "verdict": verdict}]
+
+
 def diff_table(cmp: Comparison, only_changes: bool = False) -> Table:
-    table = Table(title="baseline vs current perplexity (lower is better)")
+    table = Table(title="baseline vs current perplexity (lower is better)",
+                  caption="several baseline seeds: mean ± the 95% bound of the change of the mean; one seed: rtol")
     for col in ("scheme", "variant", "seed", "eval_len", "mode", "baseline", "current", "change", "verdict"):
         table.add_column(col, justify="right" if col in ("baseline", "current", "change", "eval_len") else "left")
     style = {"worse": "bold red", "missing": "bold red", "better": "yellow"}

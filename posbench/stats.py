@@ -66,8 +66,9 @@ def t_quantile(level: float, df: int | float) -> float:
 
 @dataclass(frozen=True)
 class Interval:
-    """A mean with its standard error and two-sided interval over n observations; se, lo and hi
-    are NaN when n < 2 (one observation has no spread)."""
+    """A mean with its standard error and two-sided interval over n observations (seeds; n = 1
+    with an interval for a paired difference over the windows of one seed); se, lo and hi are NaN
+    where there is no spread to measure."""
 
     mean: float
     lo: float
@@ -77,7 +78,7 @@ class Interval:
 
     @property
     def has_interval(self) -> bool:
-        return self.n >= 2 and not math.isnan(self.lo)
+        return not math.isnan(self.lo)
 
     def contains(self, value: float) -> bool:
         return self.lo <= value <= self.hi

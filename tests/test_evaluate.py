@@ -174,3 +174,29 @@ def test_extrapolate_cli(trained, tmp_path, capsys):
     assert (out / "extrapolation.png").stat().st_size > 1000 and (out / "positions.png").exists()
     assert main(["extrapolate", "--runs-dir", str(tmp_path / "none")]) == 2
     assert main(["extrapolate", "--runs-dir", str(trained), "--lengths", "16,x"]) == 2
+
+
+def test_window_losses_uncertainty_and_paired_cli(trained, tmp_path, capsys):
+    from posbench import stats
+
+    out = tmp_path / "out"
+    args = ["extrapolate", "--runs-dir", str(trained), "--lengths", "16,32", "--mode", "sliding", "--stride", "8",
+            "--tokens", "96", "--device", "cpu", "--out", str(out), "--scheme", "rope,alibi", "--tolerance", "0.5"]
+    assert main(args) == 0
+    assert "effective length" in capsys.readouterr().out
+    win = results.read_rows(out / "windows.csv")
+    for row in results.read_rows(out / "extrapolation.csv"):
+        mine = [w for w in win if (w["run_id"], w["eval_len"]) == (row["run_id"], row["eval_len"])]
+        losses = [float(w["loss"]) for w in mine]
+        assert len(losses) == 96 // 8
+        assert sum(losses) / len(losses) == pytest.approx(float(row["loss"]), rel=1e-5)
+        # Sliding windows of 32 by 8 share context four at a time: blocks of 4 windows.
+        se, _ = stats.batch_se(losses, int(row["eval_len"]) // 8)
+        assert float(row["loss_se"]) == pytest.approx(se, rel=1e-4) and se > 0
+        assert float(row["ppl_lo"]) < float(row["ppl"]) < float(row["ppl_hi"])
+    starts = {s: [w["start"] for w in win if w["scheme"] == s and w["eval_len"] == "32"] for s in ("rope", "alibi")}
+    assert starts["rope"] == starts["alibi"]  # every scheme scores the same windows
+    assert {r["protocol"] for r in results.read_rows(out / "effective_length.csv")} == {"sliding/8"}
+    assert main(["paired", "rope", "alibi", "--runs-dir", str(out), "--lengths", "32"]) == 0
+    text = capsys.readouterr().out
+    assert "rope vs alibi" in text and "sliding/8" in text

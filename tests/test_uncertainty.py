@@ -1,0 +1,161 @@
+"""Effective length, seed intervals in the tables, the paired comparison and the CI gate, on
+constructed rows whose answer is known."""
+
+import math
+
+import pytest
+
+from posbench import effective, results
+from posbench.cli import main
+from posbench.compare import compare
+from posbench.paired import paired
+from posbench.report import accuracy_cell, ppl_grid
+
+
+def ext_row(scheme, seed, eval_len, ppl, status="ok", train_len=64, mode="nonoverlap", stride=0, **extra):
+    loss = math.log(ppl) if ppl else ""
+    return {"run_id": f"{scheme}-{seed}", "task": "t", "scheme": scheme, "params": "", "seed": seed,
+            "train_len": train_len, "eval_len": eval_len, "mode": mode, "stride": stride, "scaling": "none",
+            "extension": "none", "loss": loss, "ppl": ppl, "status": status, "corpus": "c", **extra}
+
+
+def strings(rows):
+    """Rows as they come back from a CSV."""
+    return [{k: "" if v is None else str(v) for k, v in r.items()} for r in rows]
+
+
+def by_run(rows):
+    return {(r["run_id"], r["protocol"]): (r["effective_len"], r["status"]) for r in rows}
+
+
+def test_effective_length_is_contiguous_from_the_training_length():
+    rows = strings(
+        [ext_row("a", 0, n, p) for n, p in [(32, 30.0), (64, 10.0), (128, 10.9), (256, 11.5), (512, 10.5)]]
+        + [ext_row("b", 0, n, p) for n, p in [(64, 10.0), (128, 10.5), (256, 11.0)]]  # 11.0 = 1.1 x: within
+        + [ext_row("c", 0, 64, 10.0), ext_row("c", 0, 128, None, "unsupported")]
+        + [ext_row("d", 0, n, p) for n, p in [(128, 9.0), (256, 9.5)]]  # nothing at or below 64
+        + [ext_row("e", 0, n, p) for n, p in [(32, 20.0), (128, 21.0), (256, 30.0)]]  # reference: 32
+    )
+    got = by_run(effective.perplexity_rows(rows, tolerance=0.10))
+    # a: 512 is back within 10%, but 256 broke the run: "stays" means contiguous.
+    assert got[("a-0", "nonoverlap")] == (128, "ok")
+    assert got[("b-0", "nonoverlap")] == (256, "censored")
+    assert got[("c-0", "nonoverlap")] == (64, "ok")
+    assert got[("d-0", "nonoverlap")] == (None, "no reference")
+    assert got[("e-0", "nonoverlap")] == (128, "ok")
+    assert by_run(effective.perplexity_rows(rows, tolerance=0.2))[("a-0", "nonoverlap")] == (512, "censored")
+    (a,) = [r for r in effective.perplexity_rows(rows) if r["run_id"] == "a-0"]
+    assert a["reference"] == 10.0 and a["ratio"] == 2 and a["max_len"] == 512
+    assert effective.text(a) == "128 (2x)"
+
+
+def test_effective_length_protocols_of_sliding_strides():
+    half = [ext_row("a", 0, n, 10.0, mode="sliding", stride=n // 2) for n in (64, 128, 256)]
+    fixed = [ext_row("a", 0, n, 10.0, mode="sliding", stride=16) for n in (64, 128)]
+    got = by_run(effective.perplexity_rows(strings(half + [ext_row("a", 0, 64, 10.0)])))
+    assert got == {("a-0", "sliding/half"): (256, "censored"), ("a-0", "nonoverlap"): (64, "censored")}
+    assert by_run(effective.perplexity_rows(strings(fixed))) == {("a-0", "sliding/16"): (128, "censored")}
+
+
+def acc_rows(scheme, seed, hits_by_len, trials=10, train_len=64):
+    """Two depths per length; hits split between them."""
+    return [{"run_id": f"{scheme}-{seed}", "task": "t", "scheme": scheme, "seed": seed, "train_len": train_len,
+             "eval_len": n, "depth": d, "trials": trials, "hits": h // 2 + (h % 2 if d else 0),
+             "accuracy": "", "scaling": "none", "extension": "none", "status": "ok"}
+            for n, h in hits_by_len.items() for d in (0, 1)]
+
+
+def test_effective_length_of_accuracy_pools_depths():
+    rows = strings(acc_rows("a", 0, {64: 20, 128: 11, 256: 9, 512: 20})  # 55%, then 45%
+                   + acc_rows("b", 0, {64: 8, 128: 20}))  # below the threshold in-length
+    got = by_run(effective.accuracy_rows(rows, threshold=0.5))
+    assert got == {("a-0", "passkey"): (128, "ok"), ("b-0", "passkey"): (None, "no reference")}
+    assert by_run(effective.accuracy_rows(rows, threshold=0.4))[("a-0", "passkey")] == (512, "censored")
+
+
+def test_report_cells_show_seed_intervals_or_one_seed_as_such():
+    rows = [ext_row("a", s, 64, p, loss_se=0.01) for s, p in enumerate([10.0, 11.0, 12.0])]
+    rows += [ext_row("b", 0, 64, 20.0, loss_se=0.05), ext_row("b", 0, 128, 30.0, loss_se=0.05)]
+    rows += [ext_row("a", s, 128, p) for s, p in enumerate([13.0, 15.0])]
+    lengths, cells = ppl_grid(strings(rows), lambda t: t + "*")
+    assert lengths == [64, 128]
+    half = 4.302653 * 1.0 / math.sqrt(3)  # t(0.975, 2) * sd / sqrt(3), sd = 1
+    assert cells[0] == ["a (3 seeds)", f"11.00 [{11 - half:.2f}, {11 + half:.2f}]*",
+                        "14.00 [1.29, 26.71]* (n=2)"]  # 14 ± t(0.975, 1) * sqrt(2) / sqrt(2)
+    assert cells[1] == ["b (1 seed)", "20.00 ± 1.00", "30.00 ± 1.50"]  # ppl * loss_se
+    import pandas as pd
+
+    one = pd.DataFrame(strings(acc_rows("a", 0, {64: 10})))
+    assert accuracy_cell(one) == "50% (30–70)"  # Wilson, 10 of 20
+    several = pd.DataFrame(strings(acc_rows("a", 0, {64: 10}) + acc_rows("a", 1, {64: 12}) + acc_rows("a", 2, {64: 14})))
+    assert accuracy_cell(several) == "60% [35, 85]"  # 0.6 ± 4.303 * 0.1 / sqrt(3)
+    two = pd.DataFrame(strings(acc_rows("a", 0, {64: 10}) + acc_rows("a", 1, {64: 14})))
+    assert accuracy_cell(two) == "60% [0, 100]"  # clipped to the possible range
+
+
+def windows(directory, scheme, seed, losses, eval_len=64, task="t", start_step=64):
+    results.merge_rows(directory, "windows", [
+        {"run_id": f"{scheme}-{task}-{seed}", "task": task, "scheme": scheme, "seed": seed, "train_len": 64,
+         "eval_len": eval_len, "mode": "nonoverlap", "stride": 0, "scaling": "none", "extension": "none",
+         "corpus": "c", "window": i, "start": i * start_step, "loss": v} for i, v in enumerate(losses)])
+
+
+def test_paired_comparison_on_constructed_windows(tmp_path, capsys):
+    hard = [float(i % 10) for i in range(30)]  # window difficulty dominates the spread
+    for seed, (gap, noise) in enumerate([(0.05, 0.01), (0.07, -0.02), (0.06, 0.01)]):
+        windows(tmp_path, "a", seed, hard)
+        windows(tmp_path, "b", seed, [x + gap for x in hard])
+        windows(tmp_path, "c", seed, [x + noise for x in hard])  # no difference on average
+    (row,) = paired(tmp_path, "a", "b")
+    assert row["seeds"] == 3 and row["windows"] == 30
+    assert row["diff"] == pytest.approx(-0.06) and row["hi"] < 0 and row["verdict"] == "a better"
+    assert row["lo"] == pytest.approx(-0.06 - 4.302653 * 0.01 / math.sqrt(3), abs=1e-6)
+    assert row["ratio"] == pytest.approx(math.exp(-0.06))
+    (same,) = paired(tmp_path, "a", "c")
+    assert same["verdict"] == "no clear difference" and same["lo"] < 0 < same["hi"]
+    assert main(["paired", "b", "a", "--runs-dir", str(tmp_path)]) == 0
+    assert "a better" in capsys.readouterr().out
+    assert main(["paired", "a", "rpoe", "--runs-dir", str(tmp_path)]) == 2
+    assert "unknown scheme variant" in capsys.readouterr().err
+    assert main(["paired", "a", "b", "--runs-dir", str(tmp_path), "--lengths", "128"]) == 2
+    windows(tmp_path, "a", 0, hard, task="other")  # a second run of a with seed 0
+    assert main(["paired", "a", "b", "--runs-dir", str(tmp_path)]) == 2
+    assert "--task" in capsys.readouterr().err
+    assert paired(tmp_path, "a", "b", task="t")[0]["verdict"] == "a better"
+
+
+def test_paired_with_one_seed_pairs_windows(tmp_path):
+    hard = [float(i % 10) for i in range(30)]
+    windows(tmp_path, "a", 0, hard)
+    windows(tmp_path, "b", 0, [x + 0.05 + (0.001 if i % 3 else 0) for i, x in enumerate(hard)])
+    (row,) = paired(tmp_path, "a", "b")
+    assert row["seeds"] == 1 and row["verdict"] == "a better" and row["hi"] < 0 and row["hi"] - row["lo"] < 0.01
+
+
+def gate_dirs(tmp_path, base_ppls, cur_ppls):
+    for name, ppls in (("base", base_ppls), ("cur", cur_ppls)):
+        results.merge_rows(tmp_path / name, "extrapolation",
+                           [ext_row("a", s, 64, p, run_id=f"a-{s}") for s, p in enumerate(ppls)])
+    return compare(tmp_path / "base", tmp_path / "cur", rtol=0.05)
+
+
+def test_gate_uses_the_baseline_spread_with_seeds_and_rtol_without(tmp_path):
+    # Three seeds, sd 1 around 10: the bound is t(2) * 1 * sqrt(1/3 + 1/3) = 3.51 for three current seeds.
+    wide = gate_dirs(tmp_path / "w", [9.0, 10.0, 11.0], [12.0, 13.0, 13.0])  # +27%, inside 13.51
+    assert wide.regressions == 0 and wide.rows[0]["verdict"] == "same" and wide.rows[0]["seed"] == "0,1,2"
+    assert gate_dirs(tmp_path / "o", [9.0, 10.0, 11.0], [14.0, 14.0, 13.0]).regressions == 1  # 13.67 > 13.51
+    # A tight baseline flags a change smaller than rtol.
+    tight = gate_dirs(tmp_path / "t", [10.0, 10.01, 9.99], [10.2, 10.2, 10.2])  # +2%
+    assert tight.regressions == 1 and tight.rows[0]["verdict"] == "worse"
+    assert gate_dirs(tmp_path / "b", [10.0, 10.01, 9.99], [9.5, 9.5, 9.5]).rows[0]["verdict"] == "better"
+    # One seed: rtol.
+    assert gate_dirs(tmp_path / "1", [10.0], [10.4]).regressions == 0
+    assert gate_dirs(tmp_path / "2", [10.0], [10.6]).regressions == 1
+
+
+def test_committed_one_seed_baseline_passes_against_itself():
+    from pathlib import Path
+
+    base = Path(__file__).parents[1] / "results" / "baseline" / "ci"
+    out = compare(base, base)
+    assert out.regressions == 0 and all("change" in e for e in out.rows if e["verdict"] == "same" and e["current"])
