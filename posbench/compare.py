@@ -91,7 +91,7 @@ def compare(baseline: Path | str, current: Path | str, rtol: float = 0.05) -> Co
     out.rows.sort(key=lambda e: (e["scheme"], e["variant"], int(e["eval_len"]), e["mode"], e["seed"]))
     better = sum(e["verdict"] == "better" for e in out.rows)
     if better:
-        out.warnings.append(f"{better} rows improved beyond rtol {rtol} or the seeds' interval: baseline stale? refresh it")
+        out.warnings.append(f"{better} rows improved beyond the tolerance: baseline stale? refresh it")
     extra = len(set(cur) - set(base))
     if extra:
         out.warnings.append(f"{extra} current rows have no baseline row")

@@ -333,10 +333,12 @@ def _header(df, n: int) -> str:
 def accuracy_table(rows, title: str = "passkey retrieval accuracy (mean over depths)"):
     from rich.table import Table
 
+    from posbench.report import ACCURACY_NOTE
+
     df = accuracy_frame(rows)
     lengths, body = _cells(df)
     train = ", ".join(map(str, sorted(df["train_len"].astype(int).unique())))
-    table = Table(title=f"{title}; trained at {train}")
+    table = Table(title=f"{title}; trained at {train}", caption=ACCURACY_NOTE)
     table.add_column("scheme")
     for n in lengths:
         table.add_column(_header(df, n), justify="right")
