@@ -165,7 +165,7 @@ def extrapolate(
     out_dir = out or runs_dir
     rows = evaluate.extrapolate(runs_dir, cfg, names, out_dir, device, progress=sys.stderr.isatty())
     effective.write(out_dir, cfg.effective_tolerance, cfg.effective_threshold)
-    eff = effective.by_label(effective.perplexity_rows(rows, cfg.effective_tolerance))
+    eff = report.effective_by_label(effective.perplexity_rows(rows, cfg.effective_tolerance))
     console.print(report.ppl_table(rows, f"perplexity, {cfg.mode}", eff))
     from posbench import results
 
@@ -235,7 +235,7 @@ def run(
 
     rows = [r for r in results.read_rows(results.table_path(out_dir, "extrapolation")) if r["mode"] == t.eval.mode]
     if rows:
-        eff = effective.by_label(effective.perplexity_rows(rows, t.eval.effective_tolerance))
+        eff = report.effective_by_label(effective.perplexity_rows(rows, t.eval.effective_tolerance))
         console.print(report.ppl_table(rows, f"perplexity, {t.name}, {t.eval.mode}", eff))
     console.print(f"report: {path}")
 

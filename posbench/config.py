@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from posbench.data import DataConfig
+from posbench.effective import THRESHOLD, TOLERANCE
 from posbench.errors import PosbenchError, did_you_mean
 from posbench.model import ModelConfig
 
@@ -58,8 +59,8 @@ class EvalConfig:
     learned_extension: tuple[str, ...] = ("none",)
     position_buckets: int = 16
     position_draws: int = 4  # randomized runs: position draws averaged per length (posbench.positions)
-    effective_tolerance: float = 0.10  # effective length: perplexity within 10% of in-distribution
-    effective_threshold: float = 0.5  # effective length of probes: accuracy at least this
+    effective_tolerance: float = TOLERANCE  # effective length: perplexity within this of in-distribution
+    effective_threshold: float = THRESHOLD  # effective length of probes: accuracy at least this
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from posbench import results
-from posbench.config import EvalConfig
 
-TOLERANCE = EvalConfig.effective_tolerance
-THRESHOLD = EvalConfig.effective_threshold
+TOLERANCE = 0.10  # perplexity within 10% of its in-distribution value (the task's default too)
+THRESHOLD = 0.5  # accuracy at least 50%
 RUN_COLUMNS = ("run_id", "task", "scheme", "params", "seed", "train_len")
 
 
@@ -131,29 +130,3 @@ def write(directory: Path | str, tolerance: float = TOLERANCE, threshold: float 
     if rows:
         results.merge_rows(directory, "effective_length", rows)
     return rows
-
-
-def text(row: dict) -> str:
-    """One run's effective length for a table: 256 (4x), >=1024 (16x) when censored, - when none."""
-    if row["status"] == "no reference" or row.get("effective_len") in (None, ""):
-        return "-"
-    n, ratio = int(row["effective_len"]), _number(row["ratio"])
-    return f"{'≥' if row['status'] == 'censored' else ''}{n} ({ratio:g}x)"
-
-
-def by_label(rows: list[dict]) -> dict[str, str]:
-    """label -> effective lengths, for a table of one protocol per label (the console summary)."""
-    out = defaultdict(list)
-    for (name, _), value in cells(rows).items():
-        out[name].append(value)
-    return {name: "; ".join(v) for name, v in out.items()}
-
-
-def cells(rows: list[dict]) -> dict[tuple[str, str], str]:
-    """(label, protocol) -> the effective lengths of its seeds, one value when they agree."""
-    from posbench.report import label
-
-    by = defaultdict(list)
-    for r in sorted(rows, key=lambda r: (r["status"] == "censored", _number(r.get("effective_len") or -1))):
-        by[(label(r), r["protocol"])].append(text(r))
-    return {k: ", ".join(dict.fromkeys(v)) for k, v in by.items()}

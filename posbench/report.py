@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from pathlib import Path
 
 import pandas as pd
@@ -75,7 +76,7 @@ def label_grid(df: pd.DataFrame, value: str, fmt) -> tuple[list[int], list[list[
     return lengths, out
 
 
-SEED_NOTE = ("several seeds: mean [95% t-interval over seeds]; one seed: {within}")
+SEED_NOTE = "several seeds: mean [95% t-interval over seeds]; one seed: {within}"
 
 
 def ppl_grid(rows, mark) -> tuple[list[int], list[list[str]]]:
@@ -116,20 +117,20 @@ def accuracy_cell(g: pd.DataFrame) -> str:
 ACCURACY_NOTE = SEED_NOTE.format(within="(Wilson 95% interval over its trials)")
 
 
-def ppl_table(rows, title: str = "perplexity (lower is better)", effective: dict | None = None) -> Table:
-    """The rich table: best per column in bold green with a star; `effective` (label -> text)
-    adds a column of effective lengths."""
+def ppl_table(rows, title: str = "perplexity (lower is better)", effective_lengths: dict | None = None) -> Table:
+    """The rich table: best per column in bold green with a star; `effective_lengths` (label ->
+    text) adds a column."""
     lengths, cells = ppl_grid(rows, lambda text: f"[bold green]{text}*[/]")
     train_lens = sorted(extrapolation_frame(rows)["train_len"].astype(int).unique())
     table = Table(title=f"{title}; trained at {', '.join(map(str, train_lens))}", caption=PPL_NOTE)
     table.add_column("scheme")
     for n in lengths:
         table.add_column(str(n), justify="right")
-    if effective is not None:
+    if effective_lengths is not None:
         table.add_column("effective length", justify="right")
     for row in cells:
         name = row[0].rsplit(" (", 1)[0]
-        table.add_row(*row, *([effective.get(name, "-")] if effective is not None else []))
+        table.add_row(*row, *([effective_lengths.get(name, "-")] if effective_lengths is not None else []))
     return table
 
 
@@ -240,14 +241,36 @@ def speed_markdown(df: pd.DataFrame) -> str:
     return "\n\n".join(parts)
 
 
+def effective_text(row: dict) -> str:
+    """One run's effective length for a table: 256 (4x), >=1024 (16x) when censored, - when none."""
+    if row["status"] == "no reference" or row.get("effective_len") in (None, ""):
+        return "-"
+    n, ratio = int(row["effective_len"]), float(row["ratio"])
+    return f"{'≥' if row['status'] == 'censored' else ''}{n} ({ratio:g}x)"
+
+
+def effective_by_label(rows: list[dict]) -> dict[str, str]:
+    """label -> effective lengths, for a table of one protocol per label (the console summary)."""
+    out = defaultdict(list)
+    for (name, _), value in effective_cells(rows).items():
+        out[name].append(value)
+    return {name: "; ".join(v) for name, v in out.items()}
+
+
+def effective_cells(rows: list[dict]) -> dict[tuple[str, str], str]:
+    """(label, protocol) -> the effective lengths of its seeds, one value when they agree."""
+    by = defaultdict(list)
+    for r in sorted(rows, key=lambda r: (r["status"] == "censored", int(r.get("effective_len") or -1))):
+        by[(label(r), r["protocol"])].append(effective_text(r))
+    return {k: ", ".join(dict.fromkeys(v)) for k, v in by.items()}
+
+
 def effective_markdown(rows: list[dict]) -> str:
     """One table per task: scheme variants x protocols, the effective length of each run."""
-    from posbench import effective
-
     parts = []
     for task in sorted({r["task"] for r in rows}):
         mine = [r for r in rows if r["task"] == task]
-        texts = effective.cells(mine)
+        texts = effective_cells(mine)
         protocols = sorted({p for _, p in texts}, key=lambda p: (p not in ("nonoverlap",), p))
         labels = sorted({name for name, _ in texts}, key=lambda s: (s.split("+")[0], s))
         body = [[name] + [texts.get((name, p), "") for p in protocols] for name in labels]

@@ -9,7 +9,7 @@ from posbench import effective, results
 from posbench.cli import main
 from posbench.compare import compare
 from posbench.paired import paired
-from posbench.report import accuracy_cell, ppl_grid
+from posbench.report import accuracy_cell, effective_text, ppl_grid
 
 
 def ext_row(scheme, seed, eval_len, ppl, status="ok", train_len=64, mode="nonoverlap", stride=0, **extra):
@@ -46,7 +46,7 @@ def test_effective_length_is_contiguous_from_the_training_length():
     assert by_run(effective.perplexity_rows(rows, tolerance=0.2))[("a-0", "nonoverlap")] == (512, "censored")
     (a,) = [r for r in effective.perplexity_rows(rows) if r["run_id"] == "a-0"]
     assert a["reference"] == 10.0 and a["ratio"] == 2 and a["max_len"] == 512
-    assert effective.text(a) == "128 (2x)"
+    assert effective_text(a) == "128 (2x)"
 
 
 def test_effective_length_protocols_of_sliding_strides():
