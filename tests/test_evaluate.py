@@ -192,7 +192,7 @@ def test_window_losses_uncertainty_and_paired_cli(trained, tmp_path, capsys):
         assert sum(losses) / len(losses) == pytest.approx(float(row["loss"]), rel=1e-5)
         # Sliding windows of 32 by 8 share context four at a time: blocks of 4 windows.
         se, _ = stats.batch_se(losses, int(row["eval_len"]) // 8)
-        assert float(row["loss_se"]) == pytest.approx(se, rel=1e-4) and se > 0
+        assert float(row["loss_se"]) == pytest.approx(se, rel=1e-3) and se > 0  # CSV keeps 6 digits
         assert float(row["ppl_lo"]) < float(row["ppl"]) < float(row["ppl_hi"])
     starts = {s: [w["start"] for w in win if w["scheme"] == s and w["eval_len"] == "32"] for s in ("rope", "alibi")}
     assert starts["rope"] == starts["alibi"]  # every scheme scores the same windows
