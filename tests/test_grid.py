@@ -124,7 +124,10 @@ def test_shards_partition_the_grid_and_merge_to_the_full_rows(task_file, full_ru
     assert key_rows(tmp_path / "s1") == key_rows(full_run)
     assert key_rows(tmp_path / "s1", "positions") == key_rows(full_run, "positions")
     report = (tmp_path / "s1" / "report.md").read_text()
-    assert "## Extrapolation" in report and "learned+hierarchical" in report and "±" in report
+    assert "## Extrapolation" in report and "learned+hierarchical (2 seeds)" in report and "] |" in report
+    assert "## Effective length" in report and "### tiny" in report
+    assert len(key_rows(tmp_path / "s1", "effective_length")) == 2 + 2 + 2 * 2  # none, rope: 2 seeds; learned: 2 seeds x 2 extensions
+    assert main(["report", str(tmp_path / "s1"), "--threshold", "1.5"]) == 2
 
 
 @pytest.mark.parametrize("text, message", [("0/2", "1 <= I <= N"), ("3/2", "1 <= I <= N"), ("x", "expected I/N")])
