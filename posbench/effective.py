@@ -10,7 +10,7 @@ evaluated length up to which the model still does what it does in-distribution.
   the training length up, so a later recovery does not count).
 - Accuracy (passkey.csv, probes.csv; one protocol per probe): the same walk from the first
   evaluated length at or above the training length, a length passing when its accuracy, pooled
-  over depths or variants (hits / trials), is at least the threshold.
+  over depths or variants (hits / attempts), is at least the threshold.
 
 `status` says how to read a row: `ok`, the walk stopped inside the evaluated range; `censored`,
 every length passed, so the effective length is at least the longest evaluated one (written
@@ -114,12 +114,17 @@ def accuracy_rows(rows: list[dict], threshold: float = THRESHOLD) -> list[dict]:
     return out
 
 
+def attempts(row: dict) -> float:
+    """The prompts an accuracy row scored: trials, once per position draw (randomized runs)."""
+    return _number(row["trials"]) * max(1.0, _number(row.get("position_draws") or 0))
+
+
 def _pooled(rows: list[dict]) -> float:
-    """Accuracy of rows pooled (total hits / total trials); NaN when any row is not ok."""
+    """Accuracy of rows pooled (total hits / total attempts); NaN when any row is not ok."""
     if any(r["status"] != "ok" for r in rows):
         return math.nan
-    trials = sum(_number(r["trials"]) for r in rows)
-    return sum(_number(r["hits"]) for r in rows) / trials if trials else math.nan
+    total = sum(attempts(r) for r in rows)
+    return sum(_number(r["hits"]) for r in rows) / total if total else math.nan
 
 
 def write(directory: Path | str, tolerance: float = TOLERANCE, threshold: float = THRESHOLD) -> list[dict]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 from rich.table import Table
 
-from posbench import stats
+from posbench import effective, stats
 from posbench.errors import PosbenchError
 
 
@@ -102,11 +102,12 @@ PPL_NOTE = SEED_NOTE.format(within="± standard error over windows")
 
 
 def accuracy_cell(g: pd.DataFrame) -> str:
-    """Accuracy of one label and length, hits and trials pooled over the other columns (depth,
-    variant) within each run: over several seeds the mean [95% t-interval over seeds], over one
+    """Accuracy of one label and length, hits and attempts (trials x position draws) pooled over
+    the other columns (depth, variant) within each run: over several seeds the mean [95% t-interval over seeds], over one
     the value (Wilson 95% interval over its trials)."""
     ok = g[g["status"] == "ok"]
-    per_run = ok.groupby("run_id")[["hits", "trials"]].agg(lambda v: pd.to_numeric(v).sum())
+    ok = ok.assign(trials=ok.apply(effective.attempts, axis=1), hits=pd.to_numeric(ok["hits"]))
+    per_run = ok.groupby("run_id")[["hits", "trials"]].sum()
     iv = stats.mean_interval(per_run["hits"] / per_run["trials"])
     if iv.n > 1:
         return f"{100 * iv.mean:.0f}% [{100 * max(iv.lo, 0):.0f}, {100 * min(iv.hi, 1):.0f}]"
@@ -281,7 +282,7 @@ def effective_markdown(rows: list[dict]) -> str:
 def write_report(directory: Path | str, tolerance: float | None = None, threshold: float | None = None) -> Path:
     """report.md and PNG plots from the CSVs in `directory`, and effective_length.csv (perplexity
     within `tolerance` of in-distribution, accuracy at least `threshold`)."""
-    from posbench import effective, results
+    from posbench import results
 
     directory = Path(directory)
     read = lambda t: pd.DataFrame(results.read_rows(results.table_path(directory, t)))  # noqa: E731

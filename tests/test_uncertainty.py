@@ -71,6 +71,10 @@ def test_effective_length_of_accuracy_pools_depths():
     got = by_run(effective.accuracy_rows(rows, threshold=0.5))
     assert got == {("a-0", "passkey"): (128, "ok"), ("b-0", "passkey"): (None, "no reference")}
     assert by_run(effective.accuracy_rows(rows, threshold=0.4))[("a-0", "passkey")] == (512, "censored")
+    # A randomized run reads every trial once per position draw: 20, 11, 9 hits of 40 attempts.
+    drawn = [{**r, "position_draws": "2"} for r in rows if r["run_id"] == "a-0"]
+    assert by_run(effective.accuracy_rows(drawn, threshold=0.5))[("a-0", "passkey")] == (64, "ok")
+    assert by_run(effective.accuracy_rows(drawn, threshold=0.25))[("a-0", "passkey")] == (128, "ok")
 
 
 def test_report_cells_show_seed_intervals_or_one_seed_as_such():
@@ -87,6 +91,7 @@ def test_report_cells_show_seed_intervals_or_one_seed_as_such():
 
     one = pd.DataFrame(strings(acc_rows("a", 0, {64: 10})))
     assert accuracy_cell(one) == "50% (30–70)"  # Wilson, 10 of 20
+    assert accuracy_cell(one.assign(position_draws="2")) == "25% (14–40)"  # 10 of 40 attempts
     several = pd.DataFrame(strings(acc_rows("a", 0, {64: 10}) + acc_rows("a", 1, {64: 12}) + acc_rows("a", 2, {64: 14})))
     assert accuracy_cell(several) == "60% [35, 85]"  # 0.6 ± 4.303 * 0.1 / sqrt(3)
     two = pd.DataFrame(strings(acc_rows("a", 0, {64: 10}) + acc_rows("a", 1, {64: 14})))
