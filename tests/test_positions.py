@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import TINY_MODEL, TINY_TRAIN
-from posbench import passkey
+from posbench import passkey, stats
 from posbench.config import EvalConfig, PasskeyConfig, TrainConfig
 from posbench.evaluate import evaluate_run
 from posbench.model import Transformer
@@ -75,13 +75,15 @@ def draws_of(t, length, n):
 
 def test_randomized_run_is_evaluated_on_the_draws(randomized_run, seen_positions):
     cfg = EvalConfig(lengths=(32, 512), tokens=64, position_draws=3)
-    rows, positions = evaluate_run(randomized_run, cfg, "cpu")
+    rows, positions, per_window = evaluate_run(randomized_run, cfg, "cpu")
     by = {r["eval_len"]: r for r in rows}
     assert set(seen_positions) == draws_of(RANDOMIZED_RUN, 32, 3)  # never 0..L-1
     assert by[32]["status"] == "ok" and by[32]["position_draws"] == 3 and by[32]["tokens"] == 64
     assert by[512]["status"] == "unsupported" and "exceeds randomize_max 256" in by[512]["reason"]
     # positions.csv buckets are window indices, their counts those of one pass
     assert sum(p["tokens"] for p in positions) == 64 and max(p["position_end"] for p in positions) == 31
+    # each window's loss is its mean over the draws, so the windows average to the row's loss
+    assert sum(w["loss"] for w in per_window) / len(per_window) == pytest.approx(by[32]["loss"])
 
 
 def test_randomized_run_passkey_reads_the_draws(randomized_run, seen_positions):
@@ -91,6 +93,7 @@ def test_randomized_run_passkey_reads_the_draws(randomized_run, seen_positions):
     ok = [r for r in rows if r["eval_len"] == 128]
     assert all(r["status"] == "ok" and r["position_draws"] == 2 for r in ok)
     assert all(r["accuracy"] == r["hits"] / (2 * 2) for r in ok)
+    assert all((r["acc_lo"], r["acc_hi"]) == stats.wilson(r["hits"], 2 * 2) for r in ok)
     refused = [r for r in rows if r["eval_len"] == 512]
     assert refused and all(r["status"] == "unsupported" and "exceeds randomize_max" in r["reason"] for r in refused)
 
