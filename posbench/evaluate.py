@@ -206,8 +206,8 @@ def loss_interval(loss: float, window_loss: list[float], block: int) -> dict:
 
 
 def window_rows(row: dict, starts: torch.Tensor, window_loss: torch.Tensor) -> list[dict]:
-    keep = ("run_id", "task", "scheme", "seed", "train_len", "eval_len", "mode", "stride", "scaling",
-            "extension", "corpus")
+    keep = ("run_id", "task", "scheme", "params", "seed", "train_len", "eval_len", "mode", "stride",
+            "scaling", "extension", "position_draws", "corpus")
     base = {k: row[k] for k in keep}
     return [base | {"window": i, "start": int(s), "loss": float(v)}
             for i, (s, v) in enumerate(zip(starts.tolist(), window_loss.tolist()))]
@@ -269,9 +269,9 @@ def extrapolate(runs_dir: Path | str, cfg: EvalConfig, schemes: list[str] | None
         for run_dir in runs:
             bar.update(task, description=run_dir.name)
             rows, positions, per_window = evaluate_run(run_dir, cfg, device, cache)
+            results.merge_rows(out, "windows", per_window)
             results.merge_rows(out, "extrapolation", rows)
             results.merge_rows(out, "positions", positions)
-            results.merge_rows(out, "windows", per_window)
             all_rows += rows
             bar.advance(task)
     return all_rows

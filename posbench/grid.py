@@ -90,8 +90,9 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
         for spec in specs:
             run_dir = out / spec.run_id
             _, model, _ = load_trained(run_dir)
-            # Each table is checked for its own rows: a kill between the two writes below leaves
-            # extrapolation.csv complete and positions.csv not.
+            # Each table is checked for its own rows: a kill between the writes below leaves
+            # extrapolation.csv complete and positions.csv not (windows.csv goes first, so
+            # extrapolation rows imply its rows).
             keys = evaluate.row_keys(spec, task.eval, model.layout)
             positions = evaluate.position_keys(table_rows(out, "extrapolation", keys), task.eval)
             if evaluated(out, "extrapolation", keys) and evaluated(out, "positions", positions):
@@ -99,9 +100,9 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
             else:
                 log(f"extrapolate {spec.run_id}")
                 rows, positions, per_window = evaluate.evaluate_run(run_dir, task.eval, device, cache, task.name)
+                results.merge_rows(out, "windows", per_window)
                 results.merge_rows(out, "extrapolation", rows)
                 results.merge_rows(out, "positions", positions)
-                results.merge_rows(out, "windows", per_window)
                 done["evaluated"] += 1
             bar.advance(overall)
         if task.passkey.enabled:

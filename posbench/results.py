@@ -44,8 +44,9 @@ TABLES: dict[str, dict[str, list[str]]] = {
     # Each scored window's mean loss: what posbench.paired pairs between two models.
     "windows": {
         "key": ["run_id", "eval_len", "mode", "stride", "scaling", "extension", "window"],
-        "columns": ["run_id", "task", "scheme", "seed", "train_len", "eval_len", "mode", "stride",
-                    "scaling", "extension", "corpus", "window", "start", "loss"],
+        "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "eval_len", "mode",
+                    "stride", "scaling", "extension", "position_draws", "corpus", "window", "start",
+                    "loss"],
     },
     "positions": {
         "key": ["run_id", "eval_len", "mode", "stride", "scaling", "extension", "bucket"],
@@ -63,8 +64,8 @@ TABLES: dict[str, dict[str, list[str]]] = {
     "effective_length": {
         "key": ["run_id", "metric", "protocol", "scaling", "extension"],
         "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "metric", "protocol",
-                    "scaling", "extension", "reference", "criterion", "max_len", "effective_len",
-                    "ratio", "status"] + PROVENANCE,
+                    "scaling", "extension", "position_draws", "reference", "criterion", "max_len",
+                    "effective_len", "ratio", "status"] + PROVENANCE,
     },
     "speed": {
         "key": ["scheme", "backend", "pass", "device", "device_name", "dtype", "batch", "heads",

@@ -133,7 +133,7 @@ def test_dynamic_ntk_with_a_factor_and_llama3_rows(trained):
     cfg = EvalConfig(lengths=(16, 64), tokens=64, rope_scaling=("none", "ntk", "dynamic-ntk", "llama3"),
                      rope_scaling_factor=4.0, llama3_high=2.0)
     (run,) = [p for p in trained.iterdir() if p.name.startswith("rope-")]
-    rows, _ = evaluate_run(run, cfg, "cpu")
+    rows, *_ = evaluate_run(run, cfg, "cpu")
     loss = {(r["eval_len"], r["scaling"]): r["loss"] for r in rows}
     assert {s for _, s in loss} == {"none", "ntk:4", "dynamic-ntk:4", "llama3:4(low=1,high=2)"}
     assert loss[(16, "dynamic-ntk:4")] == loss[(16, "none")] != loss[(16, "ntk:4")]

@@ -103,7 +103,7 @@ def test_position_keys_are_the_rows_evaluation_writes(full_run, mode):
                               learned_extension=("none",), position_buckets=8)
     statuses = set()
     for run_dir in (next(full_run.glob("rope-*")), next(full_run.glob("learned-*"))):
-        rows, positions = evaluate.evaluate_run(run_dir, cfg, "cpu")
+        rows, positions, _ = evaluate.evaluate_run(run_dir, cfg, "cpu")
         key = results.TABLES["positions"]["key"]
         written = {tuple(str(r[k]) for k in key) for r in positions}
         as_read = [{k: str(v) for k, v in r.items()} for r in rows]
