@@ -58,6 +58,8 @@ def label_grid(df: pd.DataFrame, value: str, fmt) -> tuple[list[int], list[list[
     "(n=K)" when fewer seeds than the row's have it, the status where the value is missing (e.g.
     unsupported), empty where there is no row."""
     lengths = sorted(int(n) for n in df["eval_len"].unique())
+    if "seed" not in df:  # rows that do not say: one seed
+        df = df.assign(seed=0)
     out = []
     for name in sorted(df["label"].unique(), key=lambda s: (s.split("+")[0], s)):
         rows = df[df["label"] == name]

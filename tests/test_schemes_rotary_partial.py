@@ -111,4 +111,4 @@ def test_report_keeps_runs_with_other_parameters_apart_from_seeds():
                                 ("base=10000.0,fraction=0.25", 12.0))]
     assert [label(r) for r in rows] == ["rope", "rope", "rope(fraction=0.25)"]
     _, cells = ppl_grid([rows[0], rows[2]], mark=str)
-    assert cells == [["rope", "10.00"], ["rope(fraction=0.25)", "12.00"]]
+    assert cells == [["rope (1 seed)", "10.00"], ["rope(fraction=0.25) (1 seed)", "12.00"]]
