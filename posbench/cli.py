@@ -13,6 +13,7 @@ from typing import List, Optional
 import click
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from posbench import config
@@ -287,22 +288,32 @@ def report_cmd(
 
 @app.command()
 def tasks(validate: bool = typer.Option(False, "--validate", help="load every task strictly; exit 1 on any error")):
-    """List the tasks in tasks/ (and validate them)."""
-    table = Table(title="posbench tasks")
-    for col in ("name", "version", "schemes", "seeds", "train_len", "eval lengths", "data", "status"):
+    """List the tasks that ship with posbench and those in ./tasks/ (which win on a name clash),
+    and validate them."""
+    table = Table(title="posbench tasks", caption="./tasks/ wins over a shipped task of the same name")
+    for col in ("name", "version", "schemes", "seeds", "train_len", "eval lengths", "data", "file", "status"):
         table.add_column(col, overflow="fold")
     bad = 0
-    for name in config.known_tasks():
+    for name, path in sorted(config.task_files().items()):
+        where = _shown_path(path)
         try:
-            t = config.load_task(name)
+            t = config.load_task(str(path))
         except PosbenchError as e:
             bad += 1
-            table.add_row(name, "", "", "", "", "", "", f"[red]{e}[/]")
+            table.add_row(name, "", "", "", "", "", "", where, f"[red]{escape(str(e))}[/]")
             continue
         table.add_row(name, str(t.version), ",".join(t.schemes), ",".join(map(str, t.seeds)),
-                      str(t.train.train_len), ",".join(map(str, t.eval.lengths)), t.data.spec, "ok")
+                      str(t.train.train_len), ",".join(map(str, t.eval.lengths)), t.data.spec, where, "ok")
     console.print(table)
     return 1 if validate and bad else 0
+
+
+def _shown_path(path: Path) -> str:
+    """A task file's path, relative to the current folder when under it."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 @app.command()

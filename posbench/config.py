@@ -100,20 +100,31 @@ class Task:
     passkey: PasskeyConfig = PasskeyConfig()
 
 
-def tasks_dir() -> Path:
-    return Path(__file__).resolve().parents[1] / "tasks"
+def shipped_tasks_dir() -> Path:
+    """The task files that ship with posbench: posbench/tasks, package data in a wheel and a link
+    to the top-level tasks/ in a checkout (that folder itself where git wrote the link as a file)."""
+    package = Path(__file__).resolve().parent
+    return package / "tasks" if (package / "tasks").is_dir() else package.parent / "tasks"
+
+
+def task_files() -> dict[str, Path]:
+    """Task name -> file: the shipped tasks, then the current folder's tasks/, which wins on a
+    name clash (a user edits a copy there)."""
+    found: dict[str, Path] = {}
+    for directory in (shipped_tasks_dir(), Path.cwd() / "tasks"):
+        found.update((p.stem, p) for p in sorted(directory.glob("*.toml")))
+    return found
 
 
 def find_task(name_or_path: str) -> Path | None:
     path = Path(name_or_path)
     if path.suffix == ".toml" or path.exists():
         return path
-    candidate = tasks_dir() / f"{name_or_path}.toml"
-    return candidate if candidate.exists() else None
+    return task_files().get(name_or_path)
 
 
 def known_tasks() -> list[str]:
-    return sorted(p.stem for p in tasks_dir().glob("*.toml"))
+    return sorted(task_files())
 
 
 def load_task(name_or_path: str | None) -> Task:
