@@ -391,6 +391,19 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # the file system refused: read-only, full, a file where a folder goes
         err.print(f"error: {_file_system_error(e)}", markup=False, highlight=False, soft_wrap=True)
         return 2
+    except (MemoryError, RuntimeError) as e:
+        if not _out_of_memory(e):
+            raise
+        err.print("error: out of memory; use a smaller batch size, length or model", markup=False,
+                  highlight=False, soft_wrap=True)
+        return 2
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """torch reports a failed CPU allocation as a plain RuntimeError, a CUDA one as its own type."""
+    text = str(e)
+    return (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
+            or "can't allocate memory" in text or "out of memory" in text)
 
 
 def _file_system_error(e: OSError) -> str:

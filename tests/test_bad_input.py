@@ -411,6 +411,16 @@ tokens = 256
     assert runs["rope"]["run_id"] in (out / "report.md").read_text()
 
 
+def test_out_of_memory_one_line(trained, capsys, tmp_path, monkeypatch):
+    from posbench import train
+
+    def no_memory(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(train, "sample_batch", no_memory)
+    fails([*trained[1], "--runs-dir", tmp_path], capsys, "out of memory; use a smaller batch size")
+
+
 def test_main_turns_file_system_errors_into_one_line():
     assert cli._file_system_error(FileExistsError(errno.EEXIST, "File exists", "out")) == \
         "out exists and is not a directory"
