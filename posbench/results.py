@@ -146,9 +146,10 @@ def read_rows(path: Path | str, table: str | None = None, required: Iterable[str
     table = table or (path.stem if path.stem in TABLES else None)
     if table is None:
         return rows
+    if not text.strip():
+        raise PosbenchError(f"{path} is empty: not a posbench {table} table")
     columns = TABLES[table]["columns"]
-    header = list(csv.reader(io.StringIO(text.partition("\n")[0])))
-    header = header[0] if header else []
+    header = next(csv.reader(io.StringIO(text)))
     missing = [c for c in (*TABLES[table]["key"], *required) if c not in header]
     foreign = [c for c in header if c not in columns]
     if missing or foreign:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import TINY_TASK
 
 from posbench import cli, results
 from posbench.cli import main
@@ -155,7 +156,7 @@ def test_compare_passes_on_itself(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("damage, message", [
-    (lambda p: p.write_text(""), "lacks columns run_id"),
+    (lambda p: p.write_text(""), "is empty"),
     (lambda p: p.write_text(p.read_text().splitlines()[0] + "\n"), "holds no rows"),
     (lambda p: p.write_text(p.read_text()[:-40]), "is truncated"),
     (lambda p: p.write_text("\n".join(p.read_text().splitlines()[:-1] + ["a,b,c"]) + "\n"), "line"),
@@ -380,26 +381,7 @@ def test_a_nan_run_does_not_stop_the_grid(corpus_dir, capsys, tmp_path, monkeypa
 
     monkeypatch.setattr(RoPE, "rotate", lambda self, q, k, pos, ctx: (q * float("nan"), k))
     task = tmp_path / "two.toml"
-    task.write_text(f"""
-schemes = ["alibi", "rope"]
-[data]
-spec = "files:{corpus_dir}"
-tokenizer = "bytes"
-[model]
-d_model = 32
-n_layers = 1
-n_heads = 2
-[train]
-train_len = 16
-steps = 3
-batch_size = 2
-warmup = 1
-eval_interval = 3
-eval_windows = 2
-[eval]
-lengths = [16, 32]
-tokens = 256
-""")
+    task.write_text('schemes = ["alibi", "rope"]\n' + TINY_TASK.format(corpus=corpus_dir))
     out = tmp_path / "out"
     line = fails(["run", task, "--out", out, "--no-speed", "--device", "cpu"], capsys, "training failed for rope-",
                  code=1)

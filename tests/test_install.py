@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import TINY_TASK
 
 from posbench import config, results
 
@@ -53,26 +54,7 @@ def test_wheel_ships_the_tasks_and_runs_a_grid(wheel_venv, tmp_path, corpus_dir)
 
     # The shipped tasks are listed and valid; a task file in ./tasks/ joins them.
     (where / "tasks").mkdir()
-    (where / "tasks" / "mine.toml").write_text(f"""
-schemes = ["rope"]
-[data]
-spec = "files:{corpus_dir}"
-tokenizer = "bytes"
-[model]
-d_model = 32
-n_layers = 1
-n_heads = 2
-[train]
-train_len = 16
-steps = 3
-batch_size = 2
-warmup = 1
-eval_interval = 3
-eval_windows = 2
-[eval]
-lengths = [16, 32]
-tokens = 256
-""")
+    (where / "tasks" / "mine.toml").write_text('schemes = ["rope"]\n' + TINY_TASK.format(corpus=corpus_dir))
     posbench = wheel_venv / "bin" / "posbench"
     listed = _run(posbench, "tasks", "--validate", cwd=where, env=env).stdout
     shipped = sorted(p.stem for p in (REPO / "tasks").glob("*.toml"))
