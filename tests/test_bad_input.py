@@ -306,38 +306,41 @@ def test_output_path_is_a_file(trained, capsys, tmp_path):
     assert (tmp_path / "file").read_text() == "mine\n"
 
 
-def _read_only(*args, dir=None, **kwargs):
-    raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(dir))
+def _read_only(path, mode="r", *args, **kwargs):
+    if "x" in mode or "w" in mode:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+    return open(path, mode, *args, **kwargs)
 
 
 class _FullDisk:
-    """A file whose writes fail as on a full disk."""
+    """Files whose writes fail as on a full disk."""
 
-    def __init__(self, fd, *args, **kwargs):
-        self.fd = fd
+    def __init__(self, path, mode="r", *args, **kwargs):
+        self.f = open(path, mode, *args, **kwargs)
+        self.full = "x" in mode or "w" in mode
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        os.close(self.fd)
+        self.f.close()
 
-    def write(self, text):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def write(self, data):
+        if self.full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return self.f.write(data)
 
 
-@pytest.mark.parametrize("patch, message", [
-    (("tempfile.mkstemp", _read_only), "Read-only file system"),
-    (("os.fdopen", _FullDisk), "No space left on device"),
-])
-def test_unwritable_output_folder(patch, message, capsys, tmp_path, monkeypatch):
+@pytest.mark.parametrize("fake, message", [(_read_only, "Read-only file system"), (_FullDisk, "No space left on device")])
+def test_unwritable_output_folder(fake, message, capsys, tmp_path, monkeypatch):
     mine = _baseline_copy(tmp_path, "mine")
     other = _baseline_copy(tmp_path, "other")
     (mine / "report.md").write_text("previous report\n")
     before = snapshot(mine)
-    where, fake = patch
-    module, name = where.split(".")
-    monkeypatch.setattr(getattr(results, module), name, fake)
+    monkeypatch.setattr(results, "open", fake, raising=False)  # what results writes with
     line = fails(["report", mine, "--merge", other], capsys, message)
     assert str(mine) in line
     monkeypatch.undo()
