@@ -13,6 +13,7 @@ from typing import List, Optional
 import click
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from posbench import config
@@ -108,6 +109,8 @@ def train(
     t = _task_with_overrides(task, data, train_len, steps, batch_size, d_model, layers, heads, lr,
                              randomize_positions, dtype, tokenizer, vocab_size)
     params = {**t.params.get(scheme, {}), **config.parse_params(param)}
+    if seed is not None:
+        config.check_seed(seed)
     spec = training.RunSpec(scheme=scheme, params=params, seed=t.seeds[0] if seed is None else seed,
                             data=t.data, model=t.model, train=t.train, task=t.name)
     result = training.train(spec, runs_dir, device=device, resume=resume, progress=sys.stderr.isatty())
@@ -153,7 +156,7 @@ def extrapolate(
     t = config.load_task(task)
     cfg = config.replace(
         t.eval,
-        lengths=config.parse_int_list(lengths) if lengths else None,
+        lengths=config.parse_int_list(lengths) if lengths is not None else None,
         mode=mode, stride=stride, tokens=tokens,
         rope_scaling=_split(rope_scaling), rope_scaling_factor=scaling_factor,
         yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, llama3_low=llama3_low, llama3_high=llama3_high,
@@ -194,10 +197,10 @@ def speed(
 
     s = config.replace(
         config.load_task(task).speed,
-        lengths=config.parse_int_list(lengths) if lengths else None, batch_size=batch_size,
+        lengths=config.parse_int_list(lengths) if lengths is not None else None, batch_size=batch_size,
         heads=heads, head_dim=head_dim, dtype=dtype, backward=backward, repeats=repeats,
     )
-    names = list(_split(schemes)) if schemes else None
+    names = list(_split(schemes)) if schemes is not None else None
     rows = run_speed(schemes=names, lengths=s.lengths, batch_size=s.batch_size, heads=s.heads,
                      head_dim=s.head_dim, dtype=s.dtype, device=device, backward=s.backward,
                      repeats=s.repeats, out_dir=out)
@@ -213,8 +216,9 @@ def run(
     out: Optional[Path] = typer.Option(None, help="output directory (default: runs/TASK)"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     speed: bool = typer.Option(True, "--speed/--no-speed", help="time the attention kernels too"),
-):
-    """Run a whole grid: train every scheme x seed, extrapolate, time kernels, write the report."""
+) -> int:
+    """Run a whole grid: train every scheme x seed, extrapolate, time kernels, write the report.
+    Exit 1 when a run failed (NaN loss): the others are trained, evaluated and reported."""
     from posbench import grid, report
 
     t = config.load_task(task)
@@ -233,6 +237,12 @@ def run(
     if rows:
         console.print(report.ppl_table(rows, f"perplexity, {t.name}"))
     console.print(f"report: {path}")
+    if done["failed"]:
+        err.print(f"error: training failed for {', '.join(done['failed'])} (recorded as failed in "
+                  f"{results.table_path(out_dir, 'runs')}); the other runs completed", markup=False,
+                  highlight=False, soft_wrap=True)
+        return 1
+    return 0
 
 
 @app.command()
@@ -262,34 +272,48 @@ def report_cmd(
     """Write report.md and PNG plots from a results directory (merging shards first)."""
     from posbench import report, results
 
+    incoming = []  # read (and checked) every table before merging any, so a bad one merges nothing
     for other in merge or []:
         if not other.is_dir():
             raise PosbenchError(f"no results directory {str(other)!r}")
         for table in results.TABLES:
+            results.read_rows(results.table_path(directory, table))
             rows = results.read_rows(results.table_path(other, table))
             if rows:
-                results.merge_rows(directory, table, rows)
+                incoming.append((table, rows))
+    for table, rows in incoming:
+        results.merge_rows(directory, table, rows)
     console.print(f"wrote {report.write_report(directory)}")
 
 
 @app.command()
 def tasks(validate: bool = typer.Option(False, "--validate", help="load every task strictly; exit 1 on any error")):
-    """List the tasks in tasks/ (and validate them)."""
-    table = Table(title="posbench tasks")
-    for col in ("name", "version", "schemes", "seeds", "train_len", "eval lengths", "data", "status"):
+    """List the tasks that ship with posbench and those in ./tasks/ (which win on a name clash),
+    and validate them."""
+    table = Table(title="posbench tasks", caption="./tasks/ wins over a shipped task of the same name")
+    for col in ("name", "version", "schemes", "seeds", "train_len", "eval lengths", "data", "file", "status"):
         table.add_column(col, overflow="fold")
     bad = 0
-    for name in config.known_tasks():
+    for name, path in sorted(config.task_files().items()):
+        where = _shown_path(path)
         try:
-            t = config.load_task(name)
+            t = config.load_task(str(path))
         except PosbenchError as e:
             bad += 1
-            table.add_row(name, "", "", "", "", "", "", f"[red]{e}[/]")
+            table.add_row(name, "", "", "", "", "", "", where, f"[red]{escape(str(e))}[/]")
             continue
         table.add_row(name, str(t.version), ",".join(t.schemes), ",".join(map(str, t.seeds)),
-                      str(t.train.train_len), ",".join(map(str, t.eval.lengths)), t.data.spec, "ok")
+                      str(t.train.train_len), ",".join(map(str, t.eval.lengths)), t.data.spec, where, "ok")
     console.print(table)
     return 1 if validate and bad else 0
+
+
+def _shown_path(path: Path) -> str:
+    """A task file's path, relative to the current folder when under it."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 @app.command()
@@ -313,10 +337,10 @@ def passkey(
 
     t = config.load_task(task)
     try:
-        depth_list = tuple(float(v) for v in depths.split(",") if v.strip()) if depths else None
+        depth_list = tuple(float(v) for v in depths.split(",") if v.strip()) if depths is not None else None
     except ValueError:
         raise PosbenchError(f"bad depths {depths!r}: expected comma-separated numbers in [0, 1]") from None
-    cfg = config.replace(t.passkey, lengths=config.parse_int_list(lengths) if lengths else None,
+    cfg = config.replace(t.passkey, lengths=config.parse_int_list(lengths) if lengths is not None else None,
                          depths=depth_list, trials=trials, digits=digits, seed=seed)
     eval_cfg = config.replace(t.eval, rope_scaling=_split(rope_scaling), position_draws=position_draws)
     names = _scheme_names(scheme)
@@ -363,3 +387,25 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         err.print("interrupted")
         return 130
+    except OSError as e:  # the file system refused: read-only, full, a file where a folder goes
+        err.print(f"error: {_file_system_error(e)}", markup=False, highlight=False, soft_wrap=True)
+        return 2
+    except (MemoryError, RuntimeError) as e:
+        if not _out_of_memory(e):
+            raise
+        err.print("error: out of memory; use a smaller batch size, length or model", markup=False,
+                  highlight=False, soft_wrap=True)
+        return 2
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """torch reports a failed CPU allocation as a plain RuntimeError, a CUDA one as its own type."""
+    text = str(e)
+    return (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
+            or "can't allocate memory" in text or "out of memory" in text)
+
+
+def _file_system_error(e: OSError) -> str:
+    if isinstance(e, FileExistsError):
+        return f"{e.filename} exists and is not a directory"
+    return f"{e.filename}: {e.strerror}" if e.filename else (e.strerror or str(e))

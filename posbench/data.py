@@ -13,6 +13,7 @@ the training split, or raw bytes.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import json
@@ -153,14 +154,49 @@ def _is_offline(e: BaseException) -> bool:
     )
 
 
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the hub's host accepts a connection within `timeout` seconds: when it does not,
+    datasets would retry for half a minute before failing."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _hub_offline(offline: bool):
+    """datasets and huggingface_hub in offline mode (cached datasets still load) for one call;
+    both read HF_HUB_OFFLINE once, at import, so their flags are set directly."""
+    import datasets
+    from huggingface_hub import constants
+
+    saved = constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE
+    if offline:
+        constants.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE = saved
+
+
 def load_hf(name: str, config: str | None) -> Corpus:
     import datasets
+    from huggingface_hub import constants
 
     label = name + (f":{config}" if config else "")
+    offline = not Path(name).is_dir() and not constants.HF_HUB_OFFLINE and not _hub_reachable()
     try:
-        dd = datasets.load_dataset(name, config)
+        with _hub_offline(offline):
+            dd = datasets.load_dataset(name, config)
     except Exception as e:
-        if _is_offline(e):
+        if offline or _is_offline(e):
             raise PosbenchError(
                 f"cannot reach the Hugging Face hub to load {label!r} (offline?); "
                 "use --data pystdlib or files:PATH"

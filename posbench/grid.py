@@ -12,7 +12,7 @@ from pathlib import Path
 from posbench import layout, results
 from posbench.config import Task
 from posbench.data import load_tokens
-from posbench.errors import PosbenchError
+from posbench.errors import PosbenchError, RunFailed
 from posbench.train import FINAL, RunSpec, load_trained, resolve_device, train
 
 
@@ -64,7 +64,9 @@ def evaluated(out: Path, table: str, expected: set[tuple[str, ...]]) -> bool:
 
 def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resume: bool = False,
              device: str = "auto", progress: bool = False, speed: bool = True, log=print) -> dict:
-    """Run (this shard of) the grid into `out`. Returns counts of what was done and skipped."""
+    """Run (this shard of) the grid into `out`. Returns counts of what was done and skipped, and
+    the run_ids whose training failed (NaN loss): those are recorded as failed in runs.csv and
+    left out of evaluation, and the grid goes on with the others."""
     from rich.progress import Progress
 
     from posbench import evaluate
@@ -73,7 +75,7 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
     out.mkdir(parents=True, exist_ok=True)
     specs = shard_of(grid(task), shard)
     done = {"trained": 0, "skipped_train": 0, "evaluated": 0, "skipped_eval": 0, "passkey": 0,
-            "skipped_passkey": 0, "speed": 0}
+            "skipped_passkey": 0, "speed": 0, "failed": []}
     cache: dict = {}
     with Progress(disable=not progress) as bar:
         overall = bar.add_task(f"{task.name} {shard[0]}/{shard[1]}", total=2 * len(specs))
@@ -84,9 +86,14 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
                 log(f"train {spec.run_id}")
                 if spec.data not in cache:
                     cache[spec.data] = load_tokens(spec.data)
-                train(spec, out, device=device, resume=resume, progress=False, data=cache[spec.data])
-                done["trained"] += 1
+                try:
+                    train(spec, out, device=device, resume=resume, progress=False, data=cache[spec.data])
+                    done["trained"] += 1
+                except RunFailed as e:  # recorded as failed in runs.csv; the other runs go on
+                    log(str(e))
+                    done["failed"].append(spec.run_id)
             bar.advance(overall)
+        specs = [s for s in specs if s.run_id not in done["failed"]]
         for spec in specs:
             run_dir = out / spec.run_id
             _, model, _ = load_trained(run_dir)

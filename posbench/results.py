@@ -12,6 +12,7 @@ import contextlib
 import csv
 import fcntl
 import functools
+import io
 import os
 import platform
 import secrets
@@ -124,12 +125,42 @@ def remove_stale_temps(directory: Path, name: str = "*") -> None:
         stale.unlink(missing_ok=True)
 
 
-def read_rows(path: Path | str) -> list[dict[str, str]]:
+def read_rows(path: Path | str, table: str | None = None, required: Iterable[str] = ()) -> list[dict[str, str]]:
+    """The rows of a CSV file ([] when it does not exist).
+
+    A file of one of TABLES (named by `table`, or by its file name, e.g. runs.csv) is checked
+    before anything is merged into it or read from it: its header must hold the table's key and
+    `required` columns and no column the table does not declare, every row must have the header's
+    number of fields, and the file must end with a newline (a truncated file usually does not).
+    Columns the file lacks (written by an older posbench) read as empty.
+    """
     path = Path(path)
     if not path.exists():
         return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            text = f.read()
+            rows = list(csv.DictReader(io.StringIO(text)))
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise PosbenchError(f"{path} is not a readable CSV file: {e}") from None
+    table = table or (path.stem if path.stem in TABLES else None)
+    if table is None:
+        return rows
+    if not text.strip():
+        raise PosbenchError(f"{path} is empty: not a posbench {table} table")
+    columns = TABLES[table]["columns"]
+    header = next(csv.reader(io.StringIO(text)))
+    missing = [c for c in (*TABLES[table]["key"], *required) if c not in header]
+    foreign = [c for c in header if c not in columns]
+    if missing or foreign:
+        what = f"lacks columns {', '.join(missing)}" if missing else f"has columns {', '.join(foreign)}"
+        raise PosbenchError(f"{path} is not a posbench {table} table: it {what}")
+    if text and not text.endswith("\n"):
+        raise PosbenchError(f"{path} is truncated: its last line is incomplete")
+    for i, row in enumerate(rows, start=2):
+        if None in row or None in row.values():
+            raise PosbenchError(f"{path} is damaged: line {i} does not have the {len(header)} fields of the header")
+    return [{c: row.get(c, "") for c in columns} for row in rows]
 
 
 def write_atomic(path: Path, content: str | bytes) -> None:
@@ -142,6 +173,10 @@ def write_atomic(path: Path, content: str | bytes) -> None:
         with open(tmp, "xb") as f:
             f.write(content.encode() if isinstance(content, str) else content)
         os.replace(tmp, path)
+    except OSError as e:
+        if not e.filename:  # a full disk: say which file could not be written
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -163,8 +198,6 @@ def merge_rows(directory: Path | str, table: str, rows: Iterable[dict[str, Any]]
 
 
 def _to_csv(columns: list[str], rows) -> str:
-    import io
-
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()

@@ -6,6 +6,7 @@ import pytest
 
 from posbench import config, results
 from posbench.cli import main
+from conftest import TINY_TASK
 from posbench.errors import PosbenchError
 from posbench.grid import grid, parse_shard, run_task, shard_of
 
@@ -14,24 +15,7 @@ version = 1
 name = "tiny"
 schemes = ["none", "rope", "learned"]
 seeds = [0, 1]
-[data]
-spec = "files:{corpus}"
-tokenizer = "bytes"
-[model]
-d_model = 32
-n_layers = 1
-n_heads = 2
-[train]
-train_len = 16
-steps = 4
-batch_size = 4
-warmup = 1
-eval_interval = 4
-eval_windows = 4
-[eval]
-lengths = [16, 32]
-tokens = 64
-learned_extension = ["none", "hierarchical"]
+""" + TINY_TASK + """learned_extension = ["none", "hierarchical"]
 [speed]
 lengths = [32]
 heads = 2
@@ -69,7 +53,7 @@ def test_second_run_skips_everything_and_deleted_run_is_redone(task_file, full_r
     assert len(before) == 2 * 2 * 2 + 2 * 2 * 2  # (none, rope) x seeds x lengths + learned x 2 extensions
     again = run_task(task, out, device="cpu", speed=False)
     assert again == {"trained": 0, "skipped_train": 6, "evaluated": 0, "skipped_eval": 6, "passkey": 0,
-                     "skipped_passkey": 0, "speed": 0}
+                     "skipped_passkey": 0, "speed": 0, "failed": []}
     victim = sorted(p for p in out.iterdir() if p.name.startswith("rope-"))[0]
     shutil.rmtree(victim)
     third = run_task(task, out, device="cpu", speed=False)
