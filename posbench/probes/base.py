@@ -143,13 +143,13 @@ class Probe:
         """Range checks of the options (subclasses add their own)."""
         if self.docs < 40:
             raise PosbenchError(f"{self.name} docs must be at least 40 (for the split), got {self.docs}")
+        if "digits" in self.opts and not 1 <= self.digits <= 18:
+            raise PosbenchError(f"{self.name} digits must be in 1..18, got {self.digits}")
         for key, value in self.opts.items():
             if isinstance(value, tuple) and not 0 < value[0] <= value[1]:
                 raise PosbenchError(f"{self.name} {key} {value[0]}-{value[1]} must be positive and low-high")
             if key not in ("seed", "docs") and isinstance(value, int) and value < 1:
                 raise PosbenchError(f"{self.name} {key} must be at least 1, got {value}")
-        if "digits" in self.opts and not 1 <= self.digits <= 18:
-            raise PosbenchError(f"{self.name} digits must be in 1..18, got {self.digits}")
 
     def settings(self) -> str:
         return ",".join(f"{k}={_show(v)}" for k, v in self.opts.items())
@@ -174,13 +174,8 @@ class Probe:
             segments = self.instance(rng, rng.randint(*self.size), None)
             return render([Fill(1.0), *segments], rng.randint(0, PAD_CHARS))
         segments = self.instance(rng, 0, None)
-        free = rng.randint(*self.len) - fixed_chars(segments)
-        if free < 0:
-            raise PosbenchError(
-                f"{self.name} document lengths {self.len[0]}-{self.len[1]} are too short: an instance "
-                f"needs {fixed_chars(segments)} characters"
-            )
-        return render(segments, free)
+        # An instance longer than the drawn length (long words, many needles) gets no filler.
+        return render(segments, max(0, rng.randint(*self.len) - fixed_chars(segments)))
 
     def documents(self) -> tuple[list[str], list[str]]:
         """The probe's `docs` training documents and their names, from its seed alone."""
