@@ -85,7 +85,7 @@ class MultiKey(Probe):
     summary = ("`keys` needles 'The key of WORD is N.' with distinct words; the question asks for one "
                "of them (RULER niah_multikey_1: 4 keys; here `digits`-digit values)")
     reference = "Hsieh et al. 2024, RULER (NVIDIA/RULER, scripts/synthetic.yaml, niah_multikey_1)"
-    options = {"len": (200, 400), "keys": 4, "digits": 4}
+    options = {"len": (180, 280), "keys": 4, "digits": 4}
 
     def instance(self, rng, size, variant):
         words = rng.sample(WORDS, self.keys)
@@ -107,7 +107,7 @@ class MultiValue(Probe):
     summary = ("one word with `values` needles of different values; every value is asked for, in the "
                "order of the text (RULER niah_multivalue: 4 values)")
     reference = "Hsieh et al. 2024, RULER (NVIDIA/RULER, scripts/synthetic.yaml, niah_multivalue)"
-    options = {"len": (200, 400), "values": 4, "digits": 3}
+    options = {"len": (180, 280), "values": 4, "digits": 3}
 
     def instance(self, rng, size, variant):
         w = rng.choice(WORDS)
@@ -122,7 +122,7 @@ class MultiQuery(Probe):
     summary = ("`keys` needles with distinct words; `queries` of them are asked for in one question, "
                "answered in the order asked (RULER niah_multiquery: 4 keys, 4 queries)")
     reference = "Hsieh et al. 2024, RULER (NVIDIA/RULER, scripts/synthetic.yaml, niah_multiquery)"
-    options = {"len": (200, 400), "keys": 4, "queries": 2, "digits": 3}
+    options = {"len": (180, 280), "keys": 4, "queries": 2, "digits": 3}
 
     def check(self) -> None:
         super().check()
@@ -146,7 +146,7 @@ class VarTrack(Probe):
                "chain, spread through the filler; the answer names every variable holding N, in chain "
                "order (RULER vt: 1 chain, 4 hops)")
     reference = "Hsieh et al. 2024, RULER (NVIDIA/RULER, scripts/synthetic.yaml, vt)"
-    options = {"len": (200, 400), "hops": 4, "digits": 4}
+    options = {"len": (180, 280), "hops": 4, "digits": 4}
 
     def instance(self, rng, size, variant):
         names = []
