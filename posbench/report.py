@@ -41,12 +41,17 @@ def label(row) -> str:
     return out
 
 
-def extrapolation_frame(rows) -> pd.DataFrame:
+def labelled_frame(rows, value: str) -> pd.DataFrame:
+    """Rows as a frame with each row's `label`, `value` numeric (missing: NaN) and integer lengths."""
     df = pd.DataFrame(rows) if not isinstance(rows, pd.DataFrame) else rows.copy()
     df["label"] = df.apply(label, axis=1)
-    df["ppl"] = pd.to_numeric(df.get("ppl"), errors="coerce")
+    df[value] = pd.to_numeric(df.get(value), errors="coerce")
     df["eval_len"] = df["eval_len"].astype(int)
     return df
+
+
+def extrapolation_frame(rows) -> pd.DataFrame:
+    return labelled_frame(rows, "ppl")
 
 
 def label_grid(df: pd.DataFrame, value: str, fmt) -> tuple[list[int], list[list[str]]]:
@@ -95,14 +100,6 @@ def ppl_table(rows, title: str = "perplexity (lower is better)") -> Table:
     return table
 
 
-def probe_frame(rows) -> pd.DataFrame:
-    df = pd.DataFrame(rows) if not isinstance(rows, pd.DataFrame) else rows.copy()
-    df["label"] = df.apply(label, axis=1)
-    df["accuracy"] = pd.to_numeric(df.get("accuracy"), errors="coerce")
-    df["eval_len"] = df["eval_len"].astype(int)
-    return df
-
-
 def length_header(df: pd.DataFrame, n: int) -> str:
     """A length, with its ratio to the training length when every row shares one."""
     train = sorted(df["train_len"].astype(int).unique())
@@ -118,7 +115,7 @@ def probe_grid(df: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
 
 def probe_tables(rows) -> list[Table]:
     """One rich table per probe."""
-    df = probe_frame(rows)
+    df = labelled_frame(rows, "accuracy")
     tables = []
     for probe, g in sorted(df.groupby("probe")):
         headers, body = probe_grid(g)
@@ -166,7 +163,7 @@ def plot_probe_heatmap(df: pd.DataFrame, path: Path, title: str) -> Path:
 
 def probes_markdown(rows, directory: Path) -> list[str]:
     """report.md's probe section: per probe a table and a heatmap (probe_<name>.png)."""
-    df = probe_frame(rows)
+    df = labelled_frame(rows, "accuracy")
     md = ["## Probes", "", "Exact-match accuracy (higher is better) per prompt length, mean over the "
           "probe's variants (e.g. key depths) and seeds; `unsupported`: the scheme has no positions "
           "that far.", ""]
