@@ -95,9 +95,12 @@ class Probe:
     sized: ClassVar[bool] = False  # the instance grows to fill the prompt (option `size` in training)
     variant_name: ClassVar[str] = ""  # what variants vary (passkey: depth); "" for none
 
-    def __init__(self, spec: str = "", **values: Any):
-        self.opts = {"seed": 0, "docs": 20000, **self.options, **values}
-        self.spec = spec or self.name
+    def __init__(self, **values: Any):
+        self.opts = {**self.defaults(), **values}
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        return {"seed": 0, "docs": 20000, **cls.options}
 
     def __getattr__(self, key: str) -> Any:
         opts = self.__dict__.get("opts", {})
@@ -116,7 +119,7 @@ class Probe:
         """The probe of a data spec ``NAME[:key=value,...]``; a bare number is the seed, a bare
         ``low-high`` the range option (len or size)."""
         _, _, rest = spec.partition(":")
-        defaults = {"seed": 0, "docs": 20000, **cls.options}
+        defaults = cls.defaults()
         usage = f"use {cls.name}[:" + ",".join(f"{k}={_show(v)}" for k, v in defaults.items()) + "]"
         values: dict[str, Any] = {}
         for item in (p.strip() for p in rest.split(",") if p.strip()):
@@ -135,7 +138,7 @@ class Probe:
                     values[key] = int(value)
             except ValueError:
                 raise PosbenchError(f"bad {key} {value!r} in data spec {spec!r}: {usage}") from None
-        probe = cls(spec, **values)
+        probe = cls(**values)
         probe.check()
         return probe
 
