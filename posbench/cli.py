@@ -228,7 +228,8 @@ def run(
                          log=lambda m: console.print(f"[dim]{m}[/]"))
     console.print(
         f"{t.name} shard {part[0]}/{part[1]}: trained {done['trained']}, skipped {done['skipped_train']} "
-        f"finished; evaluated {done['evaluated']}, skipped {done['skipped_eval']}; speed rows {done['speed']}"
+        f"finished; evaluated {done['evaluated']}, skipped {done['skipped_eval']}; probed {done['probes']}, "
+        f"skipped {done['skipped_probes']}; speed rows {done['speed']}"
     )
     path = report.write_report(out_dir)
     from posbench import results
@@ -278,7 +279,8 @@ def report_cmd(
             raise PosbenchError(f"no results directory {str(other)!r}")
         for table in results.TABLES:
             results.read_rows(results.table_path(directory, table))
-            rows = results.read_rows(results.table_path(other, table))
+            rows = (results.read_probes(other) if table == "probes"
+                    else results.read_rows(results.table_path(other, table)))
             if rows:
                 incoming.append((table, rows))
     for table, rows in incoming:
@@ -317,39 +319,50 @@ def _shown_path(path: Path) -> str:
 
 
 @app.command()
-def passkey(
+def probe(
+    list_: bool = typer.Option(False, "--list", help="list every probe: settings and reference"),
+    probe: Optional[str] = typer.Option(None, help="probe names, comma-separated (see --list)"),
     runs_dir: Path = typer.Option(Path("runs"), help="where trained runs are"),
-    task: Optional[str] = typer.Option(None, help="task whose [passkey] and [eval] settings are the defaults"),
+    task: Optional[str] = typer.Option(None, help="task whose [probes] and [eval] settings are the defaults"),
     scheme: Optional[List[str]] = typer.Option(None, help="only runs of these schemes (repeatable or comma-separated)"),
     lengths: Optional[str] = typer.Option(None, help="prompt lengths, e.g. 256,512 (default: 1x,2x,4x,8x train_len)"),
-    depths: Optional[str] = typer.Option(None, help="key depths in [0, 1], e.g. 0,0.5,1"),
-    trials: Optional[int] = typer.Option(None, help="prompts per length and depth"),
-    digits: Optional[int] = typer.Option(None, help="digits of the key"),
-    seed: Optional[int] = typer.Option(None, help="seed of the keys"),
+    trials: Optional[int] = typer.Option(None, help="prompts per length and variant"),
+    seed: Optional[int] = typer.Option(None, help="seed of the prompts"),
     rope_scaling: Optional[str] = typer.Option(None, help=ROPE_SCALING_HELP),
-    position_draws: Optional[int] = typer.Option(None, help="randomized runs: position draws averaged per length"),
+    position_draws: Optional[int] = typer.Option(None, help="randomized runs: position draws per length"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    out: Optional[Path] = typer.Option(None, help="where passkey.csv and heatmaps go (default: the runs directory)"),
+    out: Optional[Path] = typer.Option(None, help="where probes.csv and heatmaps go (default: the runs directory)"),
 ):
-    """Passkey retrieval: accuracy of every trained run by prompt length and key depth; a table,
-    passkey.csv and one heatmap per scheme."""
-    from posbench import passkey as pk, results
+    """Synthetic probes: exact-match accuracy by prompt length of every run trained on a probe's
+    documents; a table per probe, probes.csv and one heatmap per probe."""
+    from posbench import probing, report, results
+    from posbench.probes import PROBES, parse_probe
 
+    if list_:
+        table = Table(title="posbench probes (data spec: NAME[:key=value,...])", show_lines=True)
+        for col in ("name", "what it asks", "default settings", "reference"):
+            table.add_column(col, overflow="fold")
+        for name in sorted(PROBES):
+            p = parse_probe(name)
+            table.add_row(name, p.summary, p.settings(), p.reference)
+        console.print(table)
+        return
+    names = _split(probe)
+    if not names:
+        raise PosbenchError("name probes with --probe NAME[,NAME] (see `posbench probe --list`)")
+    for name in names:
+        parse_probe(name)
     t = config.load_task(task)
-    try:
-        depth_list = tuple(float(v) for v in depths.split(",") if v.strip()) if depths is not None else None
-    except ValueError:
-        raise PosbenchError(f"bad depths {depths!r}: expected comma-separated numbers in [0, 1]") from None
-    cfg = config.replace(t.passkey, lengths=config.parse_int_list(lengths) if lengths is not None else None,
-                         depths=depth_list, trials=trials, digits=digits, seed=seed)
+    cfg = config.replace(t.probes, lengths=config.parse_int_list(lengths) if lengths is not None else None,
+                         trials=trials, seed=seed)
     eval_cfg = config.replace(t.eval, rope_scaling=_split(rope_scaling), position_draws=position_draws)
-    names = _scheme_names(scheme)
     out_dir = out or runs_dir
-    rows = pk.evaluate(runs_dir, cfg, eval_cfg, names, out_dir, device, progress=sys.stderr.isatty())
-    console.print(pk.accuracy_table(rows))
-    csv_path = results.table_path(out_dir, "passkey")
-    plots = pk.plot_heatmaps(results.read_rows(csv_path), out_dir)
-    console.print(f"wrote {csv_path} and {len(plots)} heatmaps ({plots[0].parent}/passkey_*.png)")
+    rows = probing.evaluate(runs_dir, cfg, eval_cfg, tuple(n.partition(":")[0] for n in names),
+                            _scheme_names(scheme), out_dir, device, progress=sys.stderr.isatty())
+    for table in report.probe_tables(rows):
+        console.print(table)
+    report.write_report(out_dir)
+    console.print(f"wrote {results.table_path(out_dir, 'probes')}, probe_*.png and {Path(out_dir) / 'report.md'}")
 
 
 def _split(text: str | None) -> tuple[str, ...] | None:

@@ -73,15 +73,15 @@ class SpeedConfig:
 
 
 @dataclass(frozen=True)
-class PasskeyConfig:
-    """Passkey retrieval (posbench.passkey): accuracy by prompt length and key depth."""
+class ProbesConfig:
+    """Synthetic probes (posbench.probes): one model per probe x scheme x seed, trained on the
+    probe's documents, scored by exact-match accuracy per prompt length."""
 
-    enabled: bool = False  # a step of `posbench run`; `posbench passkey` runs regardless
+    names: tuple[str, ...] = ()  # probe data specs, e.g. "passkey", "copy:size=1-40"; empty: none
     lengths: tuple[int, ...] = ()  # empty: 1x, 2x, 4x and 8x each run's training length
-    depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)  # where the key sits in the filler
-    trials: int = 20  # prompts per (length, depth)
-    digits: int = 5
-    seed: int = 0  # of the keys: every scheme answers the same prompts
+    trials: int = 20  # prompts per (length, variant)
+    seed: int = 0  # of the prompts: every scheme answers the same ones
+    randomized: tuple[str, ...] = ()  # schemes also trained with randomized positions (Ruoss et al.)
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class Task:
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     speed: SpeedConfig = SpeedConfig()
-    passkey: PasskeyConfig = PasskeyConfig()
+    probes: ProbesConfig = ProbesConfig()
 
 
 def shipped_tasks_dir() -> Path:
@@ -150,6 +150,9 @@ def _parse(path: Path) -> Task:
     except OSError as e:
         raise PosbenchError(f"cannot read task {path}: {e.strerror}") from None
     raw.setdefault("name", path.stem)
+    if "passkey" in raw:
+        raise PosbenchError(f'{path}: the [passkey] section became [probes]: names = ["passkey"] '
+                            "(see README, Probes)")
     try:
         return build(Task, raw, where=str(path))
     except PosbenchError as e:
@@ -233,14 +236,18 @@ def validate(obj) -> None:
         check_lengths(obj.lengths)
         _positive(obj, "batch_size", "heads", "head_dim", "repeats")
         _choice("dtype", obj.dtype, DTYPES)
-    elif isinstance(obj, PasskeyConfig):
+    elif isinstance(obj, ProbesConfig):
+        from posbench.probes import parse_probe
+        from posbench.schemes import get_scheme
+
         if obj.lengths:
             check_lengths(obj.lengths)
-        if not obj.depths or any(not 0 <= d <= 1 for d in obj.depths):
-            raise PosbenchError(f"passkey depths must be a non-empty list in [0, 1], got {list(obj.depths)}")
         _positive(obj, "trials")
-        if not 1 <= obj.digits <= 18:
-            raise PosbenchError(f"passkey digits must be in 1..18, got {obj.digits}")
+        for name in obj.names:
+            parse_probe(name)
+        for name in obj.randomized:
+            if not get_scheme(name).takes_positions:
+                raise PosbenchError(f"scheme {name!r} takes no integer positions to randomize")
     elif isinstance(obj, ModelConfig):
         _positive(obj, "d_model", "n_layers", "n_heads", "mlp_ratio")
         if obj.d_model % obj.n_heads:

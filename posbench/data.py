@@ -4,7 +4,8 @@ A data SPEC is one of:
 - ``pystdlib``: the running Python's standard-library ``.py`` files (no site-/dist-packages),
 - ``files:PATH_OR_GLOB``: the user's plain-text files, loaded through ``datasets``,
 - ``hf:NAME[:CONFIG]``: a Hugging Face dataset through ``datasets`` (a local dataset folder works).
-- ``passkey[:OPTIONS]``: generated passkey-retrieval documents (posbench.passkey).
+- ``PROBE[:OPTIONS]``: the generated training documents of a synthetic probe (``passkey``,
+  ``copy:size=1-40``, ...; posbench.probes, `posbench probe --list`).
 
 Splits are deterministic: by a hash of each document's name when there are enough documents,
 otherwise by contiguous ranges of the text (90/5/5). The tokenizer is a byte-level BPE trained on
@@ -29,6 +30,7 @@ import numpy as np
 import torch
 
 from posbench.errors import PosbenchError
+from posbench.probes import PROBES, parse_probe
 
 SPLITS = ("train", "valid", "test")
 EOS = "<|endoftext|>"
@@ -231,12 +233,12 @@ def load_corpus(spec: str) -> Corpus:
     if kind == "hf" and rest:
         name, _, config = rest.partition(":")
         return load_hf(name, config or None)
-    if kind == "passkey":
-        from posbench.passkey import load_passkey
-
-        return load_passkey(spec)
+    if kind in PROBES:
+        names, docs = parse_probe(spec).documents()
+        return Corpus(spec, _fingerprint(names, [d.encode() for d in docs]), split_documents(names, docs))
     raise PosbenchError(
-        f"unknown data spec {spec!r}: use pystdlib, files:PATH_OR_GLOB, hf:NAME[:CONFIG] or passkey[:OPTIONS]"
+        f"unknown data spec {spec!r}: use pystdlib, files:PATH_OR_GLOB, hf:NAME[:CONFIG] or a probe "
+        f"({', '.join(sorted(PROBES))})[:OPTIONS]"
     )
 
 

@@ -47,11 +47,11 @@ TABLES: dict[str, dict[str, list[str]]] = {
         "columns": ["run_id", "scheme", "train_len", "eval_len", "mode", "stride", "scaling",
                     "extension", "bucket", "position_start", "position_end", "tokens", "loss"],
     },
-    "passkey": {
-        "key": ["run_id", "eval_len", "depth", "scaling", "extension"],
-        "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "eval_len", "ratio",
-                    "depth", "trials", "position_draws", "hits", "accuracy", "scaling", "extension",
-                    "backend", "status", "reason"] + PROVENANCE,
+    "probes": {
+        "key": ["run_id", "probe", "eval_len", "variant", "scaling", "extension"],
+        "columns": ["run_id", "task", "probe", "spec", "scheme", "params", "seed", "train_len",
+                    "eval_len", "ratio", "variant", "trials", "position_draws", "hits", "accuracy",
+                    "scaling", "extension", "backend", "status", "reason"] + PROVENANCE,
     },
     "speed": {
         "key": ["scheme", "backend", "pass", "device", "device_name", "dtype", "batch", "heads",
@@ -161,6 +161,18 @@ def read_rows(path: Path | str, table: str | None = None, required: Iterable[str
         if None in row or None in row.values():
             raise PosbenchError(f"{path} is damaged: line {i} does not have the {len(header)} fields of the header")
     return [{c: row.get(c, "") for c in columns} for row in rows]
+
+
+def read_probes(directory: Path | str) -> list[dict[str, str]]:
+    """probes.csv, with the rows of a passkey.csv written before probes.csv existed (one row per
+    run x length x depth, the passkey probe's rows under other names) where probes.csv has none."""
+    rows = read_rows(table_path(directory, "probes"))
+    have = {tuple(r[k] for k in TABLES["probes"]["key"]) for r in rows}
+    for old in read_rows(table_path(directory, "passkey")):
+        row = {**old, "probe": "passkey", "spec": "passkey", "variant": f"depth={float(old['depth']):g}"}
+        if tuple(row.get(k, "") for k in TABLES["probes"]["key"]) not in have:
+            rows.append({c: row.get(c, "") for c in TABLES["probes"]["columns"]})
+    return rows
 
 
 def write_atomic(path: Path, content: str | bytes) -> None:
