@@ -136,7 +136,10 @@ def load_files(pattern: str) -> Corpus:
     docs = list(ds["text"])
     if not any(d.strip() for d in docs):
         raise PosbenchError(f"files {pattern!r} contain no text")
-    return Corpus(f"files:{pattern}", _fingerprint(files, blobs), split_documents(files, docs))
+    # Names relative to the files' common folder: the same files elsewhere split the same way.
+    root = os.path.commonpath([str(Path(f).parent) for f in files])
+    names = [Path(f).relative_to(root).as_posix() for f in files]
+    return Corpus(f"files:{pattern}", _fingerprint(names, blobs), split_documents(names, docs))
 
 
 def _first_line(e: BaseException) -> str:
