@@ -13,6 +13,7 @@ from typing import List, Optional
 import click
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from posbench import config
@@ -108,6 +109,8 @@ def train(
     t = _task_with_overrides(task, data, train_len, steps, batch_size, d_model, layers, heads, lr,
                              randomize_positions, dtype, tokenizer, vocab_size)
     params = {**t.params.get(scheme, {}), **config.parse_params(param)}
+    if seed is not None:
+        config.check_seed(seed)
     spec = training.RunSpec(scheme=scheme, params=params, seed=t.seeds[0] if seed is None else seed,
                             data=t.data, model=t.model, train=t.train, task=t.name)
     result = training.train(spec, runs_dir, device=device, resume=resume, progress=sys.stderr.isatty())
@@ -154,7 +157,7 @@ def extrapolate(
     t = config.load_task(task)
     cfg = config.replace(
         t.eval,
-        lengths=config.parse_int_list(lengths) if lengths else None,
+        lengths=config.parse_int_list(lengths) if lengths is not None else None,
         mode=mode, stride=stride, tokens=tokens,
         rope_scaling=_split(rope_scaling), rope_scaling_factor=scaling_factor,
         yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, llama3_low=llama3_low, llama3_high=llama3_high,
@@ -198,10 +201,10 @@ def speed(
 
     s = config.replace(
         config.load_task(task).speed,
-        lengths=config.parse_int_list(lengths) if lengths else None, batch_size=batch_size,
+        lengths=config.parse_int_list(lengths) if lengths is not None else None, batch_size=batch_size,
         heads=heads, head_dim=head_dim, dtype=dtype, backward=backward, repeats=repeats,
     )
-    names = list(_split(schemes)) if schemes else None
+    names = list(_split(schemes)) if schemes is not None else None
     rows = run_speed(schemes=names, lengths=s.lengths, batch_size=s.batch_size, heads=s.heads,
                      head_dim=s.head_dim, dtype=s.dtype, device=device, backward=s.backward,
                      repeats=s.repeats, out_dir=out)
@@ -217,8 +220,9 @@ def run(
     out: Optional[Path] = typer.Option(None, help="output directory (default: runs/TASK)"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     speed: bool = typer.Option(True, "--speed/--no-speed", help="time the attention kernels too"),
-):
-    """Run a whole grid: train every scheme x seed, extrapolate, time kernels, write the report."""
+) -> int:
+    """Run a whole grid: train every scheme x seed, extrapolate, time kernels, write the report.
+    Exit 1 when a run failed (NaN loss): the others are trained, evaluated and reported."""
     from posbench import grid, report
 
     t = config.load_task(task)
@@ -228,7 +232,8 @@ def run(
                          log=lambda m: console.print(f"[dim]{m}[/]"))
     console.print(
         f"{t.name} shard {part[0]}/{part[1]}: trained {done['trained']}, skipped {done['skipped_train']} "
-        f"finished; evaluated {done['evaluated']}, skipped {done['skipped_eval']}; speed rows {done['speed']}"
+        f"finished; evaluated {done['evaluated']}, skipped {done['skipped_eval']}; probed {done['probes']}, "
+        f"skipped {done['skipped_probes']}; speed rows {done['speed']}"
     )
     path = report.write_report(out_dir, t.eval.effective_tolerance, t.eval.effective_threshold)
     from posbench import effective, results
@@ -238,6 +243,12 @@ def run(
         eff = report.effective_by_label(effective.perplexity_rows(rows, t.eval.effective_tolerance))
         console.print(report.ppl_table(rows, f"perplexity, {t.name}, {t.eval.mode}", eff))
     console.print(f"report: {path}")
+    if done["failed"]:
+        err.print(f"error: training failed for {', '.join(done['failed'])} (recorded as failed in "
+                  f"{results.table_path(out_dir, 'runs')}); the other runs completed", markup=False,
+                  highlight=False, soft_wrap=True)
+        return 1
+    return 0
 
 
 @app.command()
@@ -288,71 +299,97 @@ def report_cmd(
     """Write report.md and PNG plots from a results directory (merging shards first)."""
     from posbench import report, results
 
+    config.replace(config.EvalConfig(), effective_tolerance=tolerance, effective_threshold=threshold)  # range checks
+    incoming = []  # read (and checked) every table before merging any, so a bad one merges nothing
     for other in merge or []:
         if not other.is_dir():
             raise PosbenchError(f"no results directory {str(other)!r}")
         for table in results.TABLES:
-            rows = results.read_rows(results.table_path(other, table))
+            results.read_rows(results.table_path(directory, table))
+            rows = (results.read_probes(other) if table == "probes"
+                    else results.read_rows(results.table_path(other, table)))
             if rows:
-                results.merge_rows(directory, table, rows)
-    config.replace(config.EvalConfig(), effective_tolerance=tolerance, effective_threshold=threshold)  # range checks
+                incoming.append((table, rows))
+    for table, rows in incoming:
+        results.merge_rows(directory, table, rows)
     console.print(f"wrote {report.write_report(directory, tolerance, threshold)}")
 
 
 @app.command()
 def tasks(validate: bool = typer.Option(False, "--validate", help="load every task strictly; exit 1 on any error")):
-    """List the tasks in tasks/ (and validate them)."""
-    table = Table(title="posbench tasks")
-    for col in ("name", "version", "schemes", "seeds", "train_len", "eval lengths", "data", "status"):
+    """List the tasks that ship with posbench and those in ./tasks/ (which win on a name clash),
+    and validate them."""
+    table = Table(title="posbench tasks", caption="./tasks/ wins over a shipped task of the same name")
+    for col in ("name", "version", "schemes", "seeds", "train_len", "eval lengths", "data", "file", "status"):
         table.add_column(col, overflow="fold")
     bad = 0
-    for name in config.known_tasks():
+    for name, path in sorted(config.task_files().items()):
+        where = _shown_path(path)
         try:
-            t = config.load_task(name)
+            t = config.load_task(str(path))
         except PosbenchError as e:
             bad += 1
-            table.add_row(name, "", "", "", "", "", "", f"[red]{e}[/]")
+            table.add_row(name, "", "", "", "", "", "", where, f"[red]{escape(str(e))}[/]")
             continue
         table.add_row(name, str(t.version), ",".join(t.schemes), ",".join(map(str, t.seeds)),
-                      str(t.train.train_len), ",".join(map(str, t.eval.lengths)), t.data.spec, "ok")
+                      str(t.train.train_len), ",".join(map(str, t.eval.lengths)), t.data.spec, where, "ok")
     console.print(table)
     return 1 if validate and bad else 0
 
 
+def _shown_path(path: Path) -> str:
+    """A task file's path, relative to the current folder when under it."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 @app.command()
-def passkey(
+def probe(
+    list_: bool = typer.Option(False, "--list", help="list every probe: settings and reference"),
+    probe: Optional[str] = typer.Option(None, help="probe names, comma-separated (see --list)"),
     runs_dir: Path = typer.Option(Path("runs"), help="where trained runs are"),
-    task: Optional[str] = typer.Option(None, help="task whose [passkey] and [eval] settings are the defaults"),
+    task: Optional[str] = typer.Option(None, help="task whose [probes] and [eval] settings are the defaults"),
     scheme: Optional[List[str]] = typer.Option(None, help="only runs of these schemes (repeatable or comma-separated)"),
     lengths: Optional[str] = typer.Option(None, help="prompt lengths, e.g. 256,512 (default: 1x,2x,4x,8x train_len)"),
-    depths: Optional[str] = typer.Option(None, help="key depths in [0, 1], e.g. 0,0.5,1"),
-    trials: Optional[int] = typer.Option(None, help="prompts per length and depth"),
-    digits: Optional[int] = typer.Option(None, help="digits of the key"),
-    seed: Optional[int] = typer.Option(None, help="seed of the keys"),
+    trials: Optional[int] = typer.Option(None, help="prompts per length and variant"),
+    seed: Optional[int] = typer.Option(None, help="seed of the prompts"),
     rope_scaling: Optional[str] = typer.Option(None, help=ROPE_SCALING_HELP),
-    position_draws: Optional[int] = typer.Option(None, help="randomized runs: position draws averaged per length"),
+    position_draws: Optional[int] = typer.Option(None, help="randomized runs: position draws per length"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    out: Optional[Path] = typer.Option(None, help="where passkey.csv and heatmaps go (default: the runs directory)"),
+    out: Optional[Path] = typer.Option(None, help="where probes.csv and heatmaps go (default: the runs directory)"),
 ):
-    """Passkey retrieval: accuracy of every trained run by prompt length and key depth; a table,
-    passkey.csv and one heatmap per scheme."""
-    from posbench import passkey as pk, results
+    """Synthetic probes: exact-match accuracy by prompt length of every run trained on a probe's
+    documents; a table per probe, probes.csv and one heatmap per probe."""
+    from posbench import probing, report, results
+    from posbench.probes import PROBES, parse_probe
 
+    if list_:
+        table = Table(title="posbench probes (data spec: NAME[:key=value,...])", show_lines=True)
+        for col in ("name", "what it asks", "default settings", "reference"):
+            table.add_column(col, overflow="fold")
+        for name in sorted(PROBES):
+            p = parse_probe(name)
+            table.add_row(name, p.summary, p.settings(), p.reference)
+        console.print(table)
+        return
+    names = _split(probe)
+    if not names:
+        raise PosbenchError("name probes with --probe NAME[,NAME] (see `posbench probe --list`)")
+    for name in names:
+        parse_probe(name)
     t = config.load_task(task)
-    try:
-        depth_list = tuple(float(v) for v in depths.split(",") if v.strip()) if depths else None
-    except ValueError:
-        raise PosbenchError(f"bad depths {depths!r}: expected comma-separated numbers in [0, 1]") from None
-    cfg = config.replace(t.passkey, lengths=config.parse_int_list(lengths) if lengths else None,
-                         depths=depth_list, trials=trials, digits=digits, seed=seed)
+    cfg = config.replace(t.probes, lengths=config.parse_int_list(lengths) if lengths is not None else None,
+                         trials=trials, seed=seed)
     eval_cfg = config.replace(t.eval, rope_scaling=_split(rope_scaling), position_draws=position_draws)
-    names = _scheme_names(scheme)
     out_dir = out or runs_dir
-    rows = pk.evaluate(runs_dir, cfg, eval_cfg, names, out_dir, device, progress=sys.stderr.isatty())
-    console.print(pk.accuracy_table(rows))
-    csv_path = results.table_path(out_dir, "passkey")
-    plots = pk.plot_heatmaps(results.read_rows(csv_path), out_dir)
-    console.print(f"wrote {csv_path} and {len(plots)} heatmaps ({plots[0].parent}/passkey_*.png)")
+    rows = probing.evaluate(runs_dir, cfg, eval_cfg, tuple(n.partition(":")[0] for n in names),
+                            _scheme_names(scheme), out_dir, device, progress=sys.stderr.isatty())
+    for table in report.probe_tables(rows):
+        console.print(table)
+    report.write_report(out_dir)
+    console.print(f"wrote {results.table_path(out_dir, 'probes')}, probe_*.png and {Path(out_dir) / 'report.md'}")
 
 
 def _split(text: str | None) -> tuple[str, ...] | None:
@@ -390,3 +427,25 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         err.print("interrupted")
         return 130
+    except OSError as e:  # the file system refused: read-only, full, a file where a folder goes
+        err.print(f"error: {_file_system_error(e)}", markup=False, highlight=False, soft_wrap=True)
+        return 2
+    except (MemoryError, RuntimeError) as e:
+        if not _out_of_memory(e):
+            raise
+        err.print("error: out of memory; use a smaller batch size, length or model", markup=False,
+                  highlight=False, soft_wrap=True)
+        return 2
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """torch reports a failed CPU allocation as a plain RuntimeError, a CUDA one as its own type."""
+    text = str(e)
+    return (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
+            or "can't allocate memory" in text or "out of memory" in text)
+
+
+def _file_system_error(e: OSError) -> str:
+    if isinstance(e, FileExistsError):
+        return f"{e.filename} exists and is not a directory"
+    return f"{e.filename}: {e.strerror}" if e.filename else (e.strerror or str(e))

@@ -48,13 +48,36 @@ def _provenance(path: Path) -> dict:
         return {}
 
 
-def compare(baseline: Path | str, current: Path | str, rtol: float = 0.05) -> Comparison:
-    if rtol < 0:
-        raise PosbenchError(f"rtol must be >= 0, got {rtol}")
-    baseline, current = Path(baseline), Path(current)
+# Columns compare reads besides the key.
+COLUMNS = ("scheme", "seed", "ppl", "status", "corpus")
+
+
+def _keyed_rows(path: Path) -> dict[tuple[str, ...], dict[str, str]]:
     key = results.TABLES["extrapolation"]["key"]
-    base = {tuple(r[k] for k in key): r for r in results.read_rows(_table_file(baseline))}
-    cur = {tuple(r[k] for k in key): r for r in results.read_rows(_table_file(current))}
+    rows = results.read_rows(_table_file(path), "extrapolation", required=COLUMNS)
+    return {tuple(r[k] for k in key): r for r in rows}
+
+
+def _ppl(row: dict[str, str], path: Path, finite: bool) -> float:
+    """The perplexity of an ok row: a number > 0, finite in a baseline (a current nan or inf is a
+    regression, not an error)."""
+    try:
+        value = float(row["ppl"])
+    except ValueError:
+        value = None
+    if value is None or value <= 0 or (finite and not math.isfinite(value)):
+        raise PosbenchError(f"{_table_file(path)}: run {row['run_id']} at length {row['eval_len']} has "
+                            f"perplexity {row['ppl']!r}; an ok row needs a {'finite ' if finite else ''}number > 0")
+    return value
+
+
+def compare(baseline: Path | str, current: Path | str, rtol: float = 0.05) -> Comparison:
+    if not (math.isfinite(rtol) and rtol >= 0):
+        raise PosbenchError(f"rtol must be a finite number >= 0, got {rtol}")
+    baseline, current = Path(baseline), Path(current)
+    base, cur = _keyed_rows(baseline), _keyed_rows(current)
+    if not base:
+        raise PosbenchError(f"the baseline {_table_file(baseline)} holds no rows: nothing to guard")
     out = Comparison()
     corpora = ({r["corpus"] for r in base.values()}, {r["corpus"] for r in cur.values()})
     if corpora[0] != corpora[1]:
@@ -66,7 +89,7 @@ def compare(baseline: Path | str, current: Path | str, rtol: float = 0.05) -> Co
     seeds = defaultdict(list)  # seed-free cell -> every ok baseline perplexity
     for b in base.values():
         if b["status"] == "ok":
-            seeds[_cell(b)].append(float(b["ppl"]))
+            seeds[_cell(b)].append(_ppl(b, baseline, finite=True))
     for k, b in sorted(base.items()):
         c = cur.get(k)
         entry = {"scheme": b["scheme"], "eval_len": b["eval_len"], "mode": b["mode"],
@@ -79,9 +102,10 @@ def compare(baseline: Path | str, current: Path | str, rtol: float = 0.05) -> Co
         elif b["status"] != "ok":
             entry["verdict"] = "same"
         else:
+            _ppl(c, current, finite=False)
             cells[_cell(b)].append((entry, b, c))
             continue
-        if entry["verdict"] != "same" and not (entry["verdict"].startswith("status") and c["status"] == "ok"):
+        if entry["verdict"] != "same" and not (entry["verdict"].startswith("status") and c and c["status"] == "ok"):
             out.regressions += 1
         out.rows.append(entry)
     for cell, members in cells.items():

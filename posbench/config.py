@@ -24,6 +24,7 @@ from posbench.model import ModelConfig
 TASK_VERSION = 1
 EVAL_MODES = ("nonoverlap", "sliding")
 DTYPES = ("float32", "bfloat16")
+MAX_INT = 2**31 - 1  # bounds every integer setting: larger ones overflow tensors long before use
 
 
 @dataclass(frozen=True)
@@ -75,15 +76,15 @@ class SpeedConfig:
 
 
 @dataclass(frozen=True)
-class PasskeyConfig:
-    """Passkey retrieval (posbench.passkey): accuracy by prompt length and key depth."""
+class ProbesConfig:
+    """Synthetic probes (posbench.probes): one model per probe x scheme x seed, trained on the
+    probe's documents, scored by exact-match accuracy per prompt length."""
 
-    enabled: bool = False  # a step of `posbench run`; `posbench passkey` runs regardless
+    names: tuple[str, ...] = ()  # probe data specs, e.g. "passkey", "copy:size=1-40"; empty: none
     lengths: tuple[int, ...] = ()  # empty: 1x, 2x, 4x and 8x each run's training length
-    depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)  # where the key sits in the filler
-    trials: int = 20  # prompts per (length, depth)
-    digits: int = 5
-    seed: int = 0  # of the keys: every scheme answers the same prompts
+    trials: int = 20  # prompts per (length, variant)
+    seed: int = 0  # of the prompts: every scheme answers the same ones
+    randomized: tuple[str, ...] = ()  # schemes also trained with randomized positions (Ruoss et al.)
 
 
 @dataclass(frozen=True)
@@ -99,23 +100,34 @@ class Task:
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     speed: SpeedConfig = SpeedConfig()
-    passkey: PasskeyConfig = PasskeyConfig()
+    probes: ProbesConfig = ProbesConfig()
 
 
-def tasks_dir() -> Path:
-    return Path(__file__).resolve().parents[1] / "tasks"
+def shipped_tasks_dir() -> Path:
+    """The task files that ship with posbench: posbench/tasks, package data in a wheel and a link
+    to the top-level tasks/ in a checkout (that folder itself where git wrote the link as a file)."""
+    package = Path(__file__).resolve().parent
+    return package / "tasks" if (package / "tasks").is_dir() else package.parent / "tasks"
+
+
+def task_files() -> dict[str, Path]:
+    """Task name -> file: the shipped tasks, then the current folder's tasks/, which wins on a
+    name clash (a user edits a copy there)."""
+    found: dict[str, Path] = {}
+    for directory in (shipped_tasks_dir(), Path.cwd() / "tasks"):
+        found.update((p.stem, p) for p in sorted(directory.glob("*.toml")))
+    return found
 
 
 def find_task(name_or_path: str) -> Path | None:
     path = Path(name_or_path)
     if path.suffix == ".toml" or path.exists():
         return path
-    candidate = tasks_dir() / f"{name_or_path}.toml"
-    return candidate if candidate.exists() else None
+    return task_files().get(name_or_path)
 
 
 def known_tasks() -> list[str]:
-    return sorted(p.stem for p in tasks_dir().glob("*.toml"))
+    return sorted(task_files())
 
 
 def load_task(name_or_path: str | None) -> Task:
@@ -133,12 +145,17 @@ def load_task(name_or_path: str | None) -> Task:
 
 def _parse(path: Path) -> Task:
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_bytes().decode("utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise PosbenchError(f"{path}: invalid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise PosbenchError(f"{path}: not UTF-8 text (byte {e.start})") from None
     except OSError as e:
         raise PosbenchError(f"cannot read task {path}: {e.strerror}") from None
     raw.setdefault("name", path.stem)
+    if "passkey" in raw:
+        raise PosbenchError(f'{path}: the [passkey] section became [probes]: names = ["passkey"] '
+                            "(see README, Probes)")
     try:
         return build(Task, raw, where=str(path))
     except PosbenchError as e:
@@ -173,7 +190,10 @@ def _coerce(hint, value, where: str):
     if origin is dict:
         if not isinstance(value, dict):
             raise PosbenchError(f"{where} must be a table")
-        return {k: dict(v) if isinstance(v, dict) else v for k, v in value.items()}
+        for k, v in value.items():
+            if not isinstance(v, dict):
+                raise PosbenchError(f"{where}.{k} must be a table of KEY = VALUE, got {v!r}")
+        return {k: dict(v) for k, v in value.items()}
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if hint is bool and not isinstance(value, bool):
@@ -185,19 +205,26 @@ def _coerce(hint, value, where: str):
 
 def validate(obj) -> None:
     """Range checks, shared by task files and command-line overrides."""
+    _check_numbers(obj)
     if isinstance(obj, TrainConfig):
-        _positive(obj, "train_len", "steps", "batch_size", "eval_interval", "checkpoint_interval")
-        if obj.lr <= 0:
-            raise PosbenchError(f"lr must be > 0, got {obj.lr}")
+        _positive(obj, "train_len", "steps", "batch_size", "eval_interval", "eval_windows",
+                  "checkpoint_interval", "lr", "grad_clip", "randomize_max")
+        _non_negative(obj, "warmup", "weight_decay")
         _choice("dtype", obj.dtype, DTYPES)
         if obj.randomize_positions and obj.randomize_max < obj.train_len:
             raise PosbenchError("randomize_max must be at least train_len")
     elif isinstance(obj, EvalConfig):
         check_lengths(obj.lengths)
-        _positive(obj, "tokens", "batch_tokens", "position_buckets", "position_draws")
+        _positive(obj, "tokens", "batch_tokens", "position_buckets", "position_draws", "yarn_alpha",
+                  "yarn_beta")
+        _non_negative(obj, "stride")
         _choice("mode", obj.mode, EVAL_MODES)
-        if obj.stride < 0:
-            raise PosbenchError(f"stride must be >= 0, got {obj.stride}")
+        if 0 < obj.rope_scaling_factor < 1 or obj.rope_scaling_factor < 0:
+            raise PosbenchError(f"rope scaling factor must be >= 1 (or 0: L_eval / L_train), "
+                                f"got {obj.rope_scaling_factor}")
+        if obj.yarn_alpha >= obj.yarn_beta:
+            raise PosbenchError(f"yarn_alpha ({obj.yarn_alpha}) must be below yarn_beta ({obj.yarn_beta})")
+        from posbench.schemes import SCHEMES
         from posbench.schemes.rotary import SCALINGS
 
         for kind in obj.rope_scaling:
@@ -209,18 +236,25 @@ def validate(obj) -> None:
             raise PosbenchError(f"effective_tolerance must be >= 0, got {obj.effective_tolerance}")
         if not 0 <= obj.effective_threshold <= 1:
             raise PosbenchError(f"effective_threshold must be in [0, 1], got {obj.effective_threshold}")
+        extensions = {"none", *(e for cls in SCHEMES.values() for e in cls.extensions)}
+        for name in obj.learned_extension:
+            _choice("learned extension", name, extensions)
     elif isinstance(obj, SpeedConfig):
         check_lengths(obj.lengths)
         _positive(obj, "batch_size", "heads", "head_dim", "repeats")
         _choice("dtype", obj.dtype, DTYPES)
-    elif isinstance(obj, PasskeyConfig):
+    elif isinstance(obj, ProbesConfig):
+        from posbench.probes import parse_probe
+        from posbench.schemes import get_scheme
+
         if obj.lengths:
             check_lengths(obj.lengths)
-        if not obj.depths or any(not 0 <= d <= 1 for d in obj.depths):
-            raise PosbenchError(f"passkey depths must be a non-empty list in [0, 1], got {list(obj.depths)}")
         _positive(obj, "trials")
-        if not 1 <= obj.digits <= 18:
-            raise PosbenchError(f"passkey digits must be in 1..18, got {obj.digits}")
+        for name in obj.names:
+            parse_probe(name)
+        for name in obj.randomized:
+            if not get_scheme(name).takes_positions:
+                raise PosbenchError(f"scheme {name!r} takes no integer positions to randomize")
     elif isinstance(obj, ModelConfig):
         _positive(obj, "d_model", "n_layers", "n_heads", "mlp_ratio")
         if obj.d_model % obj.n_heads:
@@ -230,14 +264,40 @@ def validate(obj) -> None:
             raise PosbenchError(f"task version {obj.version} is newer than this posbench ({TASK_VERSION})")
         if not obj.schemes:
             raise PosbenchError("a task needs at least one scheme")
+        if not obj.seeds:
+            raise PosbenchError("a task needs at least one seed (seeds = [])")
+        check_seed(*obj.seeds)
+        if len(set(obj.seeds)) < len(obj.seeds):
+            raise PosbenchError(f"seeds repeat: {list(obj.seeds)}")
         from posbench import layout
+        from posbench.schemes import get_scheme
+        from posbench.schemes.base import coerce_params
 
         for name in obj.schemes:
             layout.check(name)
-        for name in obj.params:
-            if layout.parse(name).plain() is None:
+        for name, params in obj.params.items():
+            plain = layout.parse(name).plain()
+            if plain is None:
                 raise PosbenchError(f"params for layout {name!r}: a layout takes its parameters "
                                     "inside its spec (e.g. rope:base=500000@w16)")
+            coerce_params(get_scheme(plain[0]), params)
+
+
+def _check_numbers(obj) -> None:
+    """Every number of a config: no nan or inf, no integer beyond MAX_INT (tuples item by item)."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        for v in value if isinstance(value, tuple) else (value,):
+            if isinstance(v, float) and not math.isfinite(v):
+                raise PosbenchError(f"{f.name} must be a finite number, got {v}")
+            if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_INT:
+                raise PosbenchError(f"{f.name} is too large: {v} (at most {MAX_INT})")
+
+
+def check_seed(*seeds: int) -> None:
+    for seed in seeds:
+        if not 0 <= seed <= MAX_INT:
+            raise PosbenchError(f"seed must be in 0..{MAX_INT}, got {seed}")
 
 
 def check_lengths(lengths) -> None:
@@ -252,6 +312,12 @@ def _positive(obj, *names: str) -> None:
     for name in names:
         if getattr(obj, name) <= 0:
             raise PosbenchError(f"{name} must be > 0, got {getattr(obj, name)}")
+
+
+def _non_negative(obj, *names: str) -> None:
+    for name in names:
+        if getattr(obj, name) < 0:
+            raise PosbenchError(f"{name} must be >= 0, got {getattr(obj, name)}")
 
 
 def _choice(name: str, value: str, choices) -> None:

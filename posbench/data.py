@@ -4,7 +4,8 @@ A data SPEC is one of:
 - ``pystdlib``: the running Python's standard-library ``.py`` files (no site-/dist-packages),
 - ``files:PATH_OR_GLOB``: the user's plain-text files, loaded through ``datasets``,
 - ``hf:NAME[:CONFIG]``: a Hugging Face dataset through ``datasets`` (a local dataset folder works).
-- ``passkey[:OPTIONS]``: generated passkey-retrieval documents (posbench.passkey).
+- ``PROBE[:OPTIONS]``: the generated training documents of a synthetic probe (``passkey``,
+  ``copy:size=1-40``, ...; posbench.probes, `posbench probe --list`).
 
 Splits are deterministic: by a hash of each document's name when there are enough documents,
 otherwise by contiguous ranges of the text (90/5/5). The tokenizer is a byte-level BPE trained on
@@ -13,6 +14,7 @@ the training split, or raw bytes.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import json
@@ -28,6 +30,7 @@ import numpy as np
 import torch
 
 from posbench.errors import PosbenchError
+from posbench.probes import PROBES, parse_probe
 
 SPLITS = ("train", "valid", "test")
 EOS = "<|endoftext|>"
@@ -133,7 +136,10 @@ def load_files(pattern: str) -> Corpus:
     docs = list(ds["text"])
     if not any(d.strip() for d in docs):
         raise PosbenchError(f"files {pattern!r} contain no text")
-    return Corpus(f"files:{pattern}", _fingerprint(files, blobs), split_documents(files, docs))
+    # Names relative to the files' common folder: the same files elsewhere split the same way.
+    root = os.path.commonpath([str(Path(f).parent) for f in files])
+    names = [Path(f).relative_to(root).as_posix() for f in files]
+    return Corpus(f"files:{pattern}", _fingerprint(names, blobs), split_documents(names, docs))
 
 
 def _first_line(e: BaseException) -> str:
@@ -153,14 +159,49 @@ def _is_offline(e: BaseException) -> bool:
     )
 
 
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the hub's host accepts a connection within `timeout` seconds: when it does not,
+    datasets would retry for half a minute before failing."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _hub_offline(offline: bool):
+    """datasets and huggingface_hub in offline mode (cached datasets still load) for one call;
+    both read HF_HUB_OFFLINE once, at import, so their flags are set directly."""
+    import datasets
+    from huggingface_hub import constants
+
+    saved = constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE
+    if offline:
+        constants.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE = saved
+
+
 def load_hf(name: str, config: str | None) -> Corpus:
     import datasets
+    from huggingface_hub import constants
 
     label = name + (f":{config}" if config else "")
+    offline = not Path(name).is_dir() and not constants.HF_HUB_OFFLINE and not _hub_reachable()
     try:
-        dd = datasets.load_dataset(name, config)
+        with _hub_offline(offline):
+            dd = datasets.load_dataset(name, config)
     except Exception as e:
-        if _is_offline(e):
+        if offline or _is_offline(e):
             raise PosbenchError(
                 f"cannot reach the Hugging Face hub to load {label!r} (offline?); "
                 "use --data pystdlib or files:PATH"
@@ -195,12 +236,12 @@ def load_corpus(spec: str) -> Corpus:
     if kind == "hf" and rest:
         name, _, config = rest.partition(":")
         return load_hf(name, config or None)
-    if kind == "passkey":
-        from posbench.passkey import load_passkey
-
-        return load_passkey(spec)
+    if kind in PROBES:
+        names, docs = parse_probe(spec).documents()
+        return Corpus(spec, _fingerprint(names, [d.encode() for d in docs]), split_documents(names, docs))
     raise PosbenchError(
-        f"unknown data spec {spec!r}: use pystdlib, files:PATH_OR_GLOB, hf:NAME[:CONFIG] or passkey[:OPTIONS]"
+        f"unknown data spec {spec!r}: use pystdlib, files:PATH_OR_GLOB, hf:NAME[:CONFIG] or a probe "
+        f"({', '.join(sorted(PROBES))})[:OPTIONS]"
     )
 
 

@@ -8,9 +8,9 @@ evaluated length up to which the model still does what it does in-distribution.
   passes when its row is ok and its perplexity is at most (1 + tolerance) x the reference; the
   effective length is the last length before the first one that fails ("stays": contiguous from
   the training length up, so a later recovery does not count).
-- Accuracy (passkey.csv, probes.csv; one protocol per probe): the same walk from the first
-  evaluated length at or above the training length, a length passing when its accuracy, pooled
-  over depths or variants (hits / attempts), is at least the threshold.
+- Accuracy (probes.csv; one protocol per probe): the same walk from the first evaluated length at
+  or above the training length, a length passing when its accuracy, pooled over the probe's
+  variants such as key depths (hits / attempts), is at least the threshold.
 
 `status` says how to read a row: `ok`, the walk stopped inside the evaluated range; `censored`,
 every length passed, so the effective length is at least the longest evaluated one (written
@@ -96,11 +96,11 @@ def _perplexity_row(g: list[dict], protocol: str, tolerance: float) -> dict:
 
 
 def accuracy_rows(rows: list[dict], threshold: float = THRESHOLD) -> list[dict]:
-    """effective_length rows of accuracy rows (passkey.csv or probes.csv: hits and trials per row),
-    one per run, probe and variant; hits and trials are pooled over the other columns (depth)."""
+    """effective_length rows of probes.csv rows, one per run, probe and eval-time variant (scaling,
+    extension); hits and attempts are pooled over the probe's variants (e.g. key depths)."""
     groups = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        key = (r["run_id"], r.get("probe", "passkey"), r.get("scaling", "none"), r.get("extension", "none"))
+        key = (r["run_id"], r["probe"], r["scaling"], r["extension"])
         groups[key][int(r["eval_len"])].append(r)
     out = []
     for (_, probe, *_), by_len in sorted(groups.items()):
@@ -128,10 +128,9 @@ def _pooled(rows: list[dict]) -> float:
 
 
 def write(directory: Path | str, tolerance: float = TOLERANCE, threshold: float = THRESHOLD) -> list[dict]:
-    """effective_length.csv from the extrapolation and accuracy tables in `directory`."""
-    read = lambda t: results.read_rows(results.table_path(directory, t))  # noqa: E731
-    rows = perplexity_rows(read("extrapolation"), tolerance)
-    rows += accuracy_rows(read("passkey") + read("probes"), threshold)
+    """effective_length.csv from extrapolation.csv and probes.csv in `directory`."""
+    rows = perplexity_rows(results.read_rows(results.table_path(directory, "extrapolation")), tolerance)
+    rows += accuracy_rows(results.read_probes(directory), threshold)
     if rows:
         results.merge_rows(directory, "effective_length", rows)
     return rows

@@ -7,6 +7,11 @@ class PosbenchError(Exception):
     """A user-facing error: bad input, missing data, corrupt files. Never a bug."""
 
 
+class RunFailed(PosbenchError):
+    """A training run that diverged (NaN loss): recorded as failed in runs.csv, so that a grid can
+    go on with its other runs."""
+
+
 def did_you_mean(word: str, choices, what: str) -> PosbenchError:
     """An error for an unknown `word`, suggesting the nearest of `choices`."""
     choices = sorted(choices)

@@ -260,6 +260,8 @@ def extrapolate(runs_dir: Path | str, cfg: EvalConfig, schemes: list[str] | None
         named = f" of schemes {', '.join(schemes)}" if schemes else ""
         raise PosbenchError(f"no trained runs{named} in {runs_dir}; run `posbench train` first")
     out = Path(out or runs_dir)
+    for table in ("windows", "extrapolation", "positions"):  # a damaged table fails before any is written
+        results.read_rows(results.table_path(out, table))
     cache: dict = {}
     all_rows = []
     from rich.progress import Progress

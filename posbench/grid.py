@@ -1,5 +1,6 @@
 """`posbench run TASK`: the whole grid in one command: train every scheme x seed, extrapolate,
-test passkey retrieval (when the task enables it), time the kernels, write the report. Finished
+train and score one model per probe x scheme x seed (the task's [probes]), time the kernels,
+write the report. Finished
 work (same resolved config, same run_id) is skipped, and `--shard I/N` runs a deterministic slice
 so N machines can split a grid."""
 
@@ -12,7 +13,7 @@ from pathlib import Path
 from posbench import layout, results
 from posbench.config import Task
 from posbench.data import load_tokens
-from posbench.errors import PosbenchError
+from posbench.errors import PosbenchError, RunFailed
 from posbench.train import FINAL, RunSpec, load_trained, resolve_device, train
 
 
@@ -29,13 +30,22 @@ def parse_shard(text: str | None) -> tuple[int, int]:
 
 
 def grid(task: Task) -> list[RunSpec]:
-    """Every scheme x seed of the task, sorted by run_id (the order shards slice)."""
-    specs = [
-        RunSpec(scheme=s, params=task.params.get(s, {}), seed=seed, data=task.data,
-                model=task.model, train=task.train, task=task.name)
-        for s in task.schemes for seed in task.seeds
-    ]
-    return sorted(specs, key=lambda r: r.run_id)
+    """Every scheme x seed of the task on its data, then on every probe's documents (the
+    randomized schemes of [probes] once more with randomized positions), each run once, sorted by
+    run_id (the order shards slice). A probe named as the task's data shares its runs."""
+    randomized = dataclasses.replace(task.train, randomize_positions=True)
+    cells = [(task.data, s, task.train) for s in task.schemes]
+    for name in task.probes.names:
+        data = dataclasses.replace(task.data, spec=name)
+        cells += [(data, s, task.train) for s in task.schemes]
+        cells += [(data, s, randomized) for s in task.probes.randomized]
+    specs = {
+        spec.run_id: spec
+        for data, s, train in cells for seed in task.seeds
+        for spec in [RunSpec(scheme=s, params=task.params.get(s, {}), seed=seed, data=data,
+                             model=task.model, train=train, task=task.name)]
+    }
+    return sorted(specs.values(), key=lambda r: r.run_id)
 
 
 def shard_of(specs: list[RunSpec], shard: tuple[int, int]) -> list[RunSpec]:
@@ -64,7 +74,9 @@ def evaluated(out: Path, table: str, expected: set[tuple[str, ...]]) -> bool:
 
 def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resume: bool = False,
              device: str = "auto", progress: bool = False, speed: bool = True, log=print) -> dict:
-    """Run (this shard of) the grid into `out`. Returns counts of what was done and skipped."""
+    """Run (this shard of) the grid into `out`. Returns counts of what was done and skipped, and
+    the run_ids whose training failed (NaN loss): those are recorded as failed in runs.csv and
+    left out of evaluation, and the grid goes on with the others."""
     from rich.progress import Progress
 
     from posbench import evaluate
@@ -72,8 +84,8 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     specs = shard_of(grid(task), shard)
-    done = {"trained": 0, "skipped_train": 0, "evaluated": 0, "skipped_eval": 0, "passkey": 0,
-            "skipped_passkey": 0, "speed": 0}
+    done = {"trained": 0, "skipped_train": 0, "evaluated": 0, "skipped_eval": 0, "probes": 0,
+            "skipped_probes": 0, "speed": 0, "failed": []}
     cache: dict = {}
     with Progress(disable=not progress) as bar:
         overall = bar.add_task(f"{task.name} {shard[0]}/{shard[1]}", total=2 * len(specs))
@@ -84,10 +96,18 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
                 log(f"train {spec.run_id}")
                 if spec.data not in cache:
                     cache[spec.data] = load_tokens(spec.data)
-                train(spec, out, device=device, resume=resume, progress=False, data=cache[spec.data])
-                done["trained"] += 1
+                try:
+                    train(spec, out, device=device, resume=resume, progress=False, data=cache[spec.data])
+                    done["trained"] += 1
+                except RunFailed as e:  # recorded as failed in runs.csv; the other runs go on
+                    log(str(e))
+                    done["failed"].append(spec.run_id)
             bar.advance(overall)
+        specs = [s for s in specs if s.run_id not in done["failed"]]
         for spec in specs:
+            if spec.data != task.data or spec.train != task.train:
+                bar.advance(overall)  # a probe's run: scored on its probe below
+                continue
             run_dir = out / spec.run_id
             _, model, _ = load_trained(run_dir)
             # Each table is checked for its own rows: a kill between the writes below leaves
@@ -105,28 +125,30 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
                 results.merge_rows(out, "positions", positions)
                 done["evaluated"] += 1
             bar.advance(overall)
-        if task.passkey.enabled:
-            run_passkey(task, out, specs, device, done, log)
+        run_probes(task, out, specs, device, done, log)
     if speed and shard[0] == 1:
         done["speed"] = run_speed_once(task, out, device, log)
     write_provenance(task, out, shard)
     return done
 
 
-def run_passkey(task: Task, out: Path, specs: list[RunSpec], device: str, done: dict, log) -> None:
-    """Passkey retrieval of every run of the shard, skipping runs whose rows exist."""
-    from posbench import passkey
+def run_probes(task: Task, out: Path, specs: list[RunSpec], device: str, done: dict, log) -> None:
+    """Probe scores of every run of the shard trained on a probe of the task, skipping runs whose
+    rows exist."""
+    from posbench import probing
 
     for spec in specs:
+        if spec.data.spec not in task.probes.names:
+            continue
         run_dir = out / spec.run_id
         _, model, _ = load_trained(run_dir)
-        if evaluated(out, "passkey", passkey.row_keys(spec, task.passkey, task.eval, model.layout)):
-            done["skipped_passkey"] += 1
+        if evaluated(out, "probes", probing.row_keys(spec, task.probes, task.eval, model.layout)):
+            done["skipped_probes"] += 1
             continue
-        log(f"passkey {spec.run_id}")
-        rows = passkey.evaluate_run(run_dir, task.passkey, task.eval, device, task.name)
-        results.merge_rows(out, "passkey", rows)
-        done["passkey"] += 1
+        log(f"probe {spec.data.spec} {spec.run_id}")
+        rows = probing.evaluate_run(run_dir, task.probes, task.eval, device, task.name)
+        results.merge_rows(out, "probes", rows)
+        done["probes"] += 1
 
 
 def run_speed_once(task: Task, out: Path, device: str, log) -> int:

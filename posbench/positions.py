@@ -5,7 +5,7 @@ Plain runs read positions 0..T-1 (the model's default). Randomized runs (Ruoss e
 test time: the model has only ever seen such gapped positions, and scoring it on gap-1 positions
 it almost never met would understate the method. Evaluation draws are seeded by L_max, the
 window length and the draw's index only, never by the scheme or the run, so every randomized run
-of one L_max is scored on the same positions. Every evaluation (perplexity, passkey, probes)
+of one L_max is scored on the same positions. Every evaluation (perplexity, probes)
 chooses its positions through `evaluation_positions`.
 
 `t` below is a run's TrainConfig (posbench.config), read by attribute and not imported, so that

@@ -1,5 +1,5 @@
-"""Tables and plots from result files: the rich table of `extrapolate`, PNG plots, report.md
-(passkey tables and heatmaps come from posbench.passkey)."""
+"""Tables and plots from result files: the rich tables of `extrapolate` and `probe`, PNG plots,
+report.md. Probe results are rendered from probes.csv alone, whatever the probe."""
 
 from __future__ import annotations
 
@@ -43,12 +43,18 @@ def label(row) -> str:
     return out
 
 
-def extrapolation_frame(rows) -> pd.DataFrame:
+def labelled_frame(rows, value: str) -> pd.DataFrame:
+    """Rows as a frame with each row's `label`, `value` numeric (missing: NaN) and integer lengths."""
     df = pd.DataFrame(rows) if not isinstance(rows, pd.DataFrame) else rows.copy()
     df["label"] = df.apply(label, axis=1)
-    df["ppl"] = pd.to_numeric(df.get("ppl"), errors="coerce")
-    df["loss_se"] = pd.to_numeric(df["loss_se"], errors="coerce") if "loss_se" in df else math.nan
+    df[value] = pd.to_numeric(df.get(value), errors="coerce")
     df["eval_len"] = df["eval_len"].astype(int)
+    return df
+
+
+def extrapolation_frame(rows) -> pd.DataFrame:
+    df = labelled_frame(rows, "ppl")
+    df["loss_se"] = pd.to_numeric(df["loss_se"], errors="coerce") if "loss_se" in df else math.nan
     return df
 
 
@@ -135,6 +141,82 @@ def ppl_table(rows, title: str = "perplexity (lower is better)", effective_lengt
         name = row[0].rsplit(" (", 1)[0]
         table.add_row(*row, *([effective_lengths.get(name, "-")] if effective_lengths is not None else []))
     return table
+
+
+def length_header(df: pd.DataFrame, n: int) -> str:
+    """A length, with its ratio to the training length when every row shares one."""
+    train = sorted(df["train_len"].astype(int).unique())
+    return f"{n} ({n / train[0]:g}x)" if len(train) == 1 else str(n)
+
+
+def probe_grid(df: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows of one probe: accuracy by scheme variant and length, pooled over the
+    probe's variants (e.g. key depths), with its interval over seeds or trials (accuracy_cell)."""
+    lengths, body = label_grid(df, "accuracy", lambda n, g: accuracy_cell(g))
+    return ["scheme"] + [length_header(df, n) for n in lengths], body
+
+
+def probe_tables(rows) -> list[Table]:
+    """One rich table per probe."""
+    df = labelled_frame(rows, "accuracy")
+    tables = []
+    for probe, g in sorted(df.groupby("probe")):
+        headers, body = probe_grid(g)
+        train = ", ".join(map(str, sorted(g["train_len"].astype(int).unique())))
+        table = Table(title=f"{probe}: exact-match accuracy (higher is better); trained at {train}",
+                      caption=ACCURACY_NOTE)
+        for i, h in enumerate(headers):
+            table.add_column(h, justify="right" if i else "left")
+        for cells in body:
+            table.add_row(*cells)
+        tables.append(table)
+    return tables
+
+
+def plot_probe_heatmap(df: pd.DataFrame, path: Path, title: str) -> Path:
+    """Accuracy by scheme variant (rows) and prompt length (columns), annotated."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    lengths = sorted(df["eval_len"].unique())
+    names = sorted(df["label"].unique(), key=lambda s: (s.split("+")[0], s))
+    acc = df.groupby(["label", "eval_len"])["accuracy"].mean()
+    grid = np.array([[acc.get((s, n), np.nan) for n in lengths] for s in names])
+    fig, ax = plt.subplots(figsize=(1.2 * len(lengths) + 2.6, 0.4 * len(names) + 1.6))
+    cmap = matplotlib.colormaps["RdYlGn"].with_extremes(bad="lightgrey")
+    ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0, vmax=1, aspect="auto")
+    for i in range(len(names)):
+        for j in range(len(lengths)):
+            v = grid[i, j]
+            dark = not math.isnan(v) and (v < 0.15 or v > 0.85)  # the ends of the colour map
+            ax.text(j, i, "n/a" if math.isnan(v) else f"{100 * v:.0f}", ha="center", va="center",
+                    fontsize=9, color="white" if dark else "black")
+    ax.set_xticks(range(len(lengths)), [length_header(df, n) for n in lengths], fontsize=8)
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.set_xlabel("prompt length (tokens)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def probes_markdown(rows, directory: Path) -> list[str]:
+    """report.md's probe section: per probe a table and a heatmap (probe_<name>.png)."""
+    df = labelled_frame(rows, "accuracy")
+    md = ["## Probes", "", "Exact-match accuracy (higher is better) per prompt length, pooled over the "
+          f"probe's variants (e.g. key depths); {ACCURACY_NOTE}; `unsupported`: the scheme has no "
+          "positions that far.", ""]
+    for probe, g in sorted(df.groupby("probe")):
+        specs = ", ".join(f"`{s}`" for s in sorted(g["spec"].unique()))
+        path = plot_probe_heatmap(g, directory / f"probe_{probe}.png", f"{probe} accuracy (%)")
+        md += [f"### {probe}", "", f"Trained on {specs}.", "", markdown_table(*probe_grid(g)), "",
+               f"![{path.stem}]({path.name})", ""]
+    return md
 
 
 def line_style(i: int) -> dict:
@@ -289,10 +371,10 @@ def write_report(directory: Path | str, tolerance: float | None = None, threshol
     directory = Path(directory)
     read = lambda t: pd.DataFrame(results.read_rows(results.table_path(directory, t)))  # noqa: E731
     runs, ext, pos, speed = read("runs"), read("extrapolation"), read("positions"), read("speed")
-    passkey = read("passkey")
-    if ext.empty and runs.empty and speed.empty and passkey.empty:
+    probes = results.read_probes(directory)
+    if ext.empty and runs.empty and speed.empty and not probes:
         raise PosbenchError(
-            f"no results in {directory} (expected runs.csv, extrapolation.csv, passkey.csv or speed.csv)"
+            f"no results in {directory} (expected runs.csv, extrapolation.csv, probes.csv or speed.csv)"
         )
     md = ["# posbench report", ""]
     if not runs.empty:
@@ -316,20 +398,15 @@ def write_report(directory: Path | str, tolerance: float | None = None, threshol
     if not pos.empty:
         plot_positions(pos, directory / "positions.png")
         md += ["## Loss by position", "", "![positions](positions.png)", ""]
-    if not passkey.empty:
-        from posbench.passkey import accuracy_markdown, plot_heatmaps
-
-        md += ["## Passkey retrieval", "", "Exact-match accuracy of the key (higher is better), pooled "
-               f"over key depths; {ACCURACY_NOTE}; the heatmaps show each depth.", "",
-               accuracy_markdown(passkey), ""]
-        md += [f"![{p.stem}]({p.name})" for p in plot_heatmaps(passkey, directory)] + [""]
+    if probes:
+        md += probes_markdown(probes, directory)
     tolerance = effective.TOLERANCE if tolerance is None else tolerance
     threshold = effective.THRESHOLD if threshold is None else threshold
     eff = effective.write(directory, tolerance, threshold)
     if eff:
         md += ["## Effective length", "", f"Per run, the longest evaluated length from the training length "
                f"up at which perplexity stays within {tolerance:.0%} of its value at the training length, "
-               f"or accuracy at least {threshold:.0%} (≥: held to the longest length evaluated; "
+               f"or probe accuracy at least {threshold:.0%} (≥: held to the longest length evaluated; "
                "-: no in-distribution value or already below; one value per seed when they differ).",
                "", effective_markdown(eff), ""]
     if not speed.empty:

@@ -12,6 +12,7 @@ import contextlib
 import csv
 import fcntl
 import functools
+import io
 import os
 import platform
 import secrets
@@ -53,11 +54,12 @@ TABLES: dict[str, dict[str, list[str]]] = {
         "columns": ["run_id", "scheme", "train_len", "eval_len", "mode", "stride", "scaling",
                     "extension", "bucket", "position_start", "position_end", "tokens", "loss"],
     },
-    "passkey": {
-        "key": ["run_id", "eval_len", "depth", "scaling", "extension"],
-        "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "eval_len", "ratio",
-                    "depth", "trials", "position_draws", "hits", "accuracy", "acc_lo", "acc_hi",
-                    "scaling", "extension", "backend", "status", "reason"] + PROVENANCE,
+    "probes": {
+        "key": ["run_id", "probe", "eval_len", "variant", "scaling", "extension"],
+        "columns": ["run_id", "task", "probe", "spec", "scheme", "params", "seed", "train_len",
+                    "eval_len", "ratio", "variant", "trials", "position_draws", "hits", "accuracy",
+                    "acc_lo", "acc_hi", "scaling", "extension", "backend", "status",
+                    "reason"] + PROVENANCE,
     },
     # Per run and protocol (perplexity: mode and stride; accuracy: the probe), the longest length
     # from the training length up whose value stays within `criterion` (posbench.effective).
@@ -139,12 +141,54 @@ def remove_stale_temps(directory: Path, name: str = "*") -> None:
         stale.unlink(missing_ok=True)
 
 
-def read_rows(path: Path | str) -> list[dict[str, str]]:
+def read_rows(path: Path | str, table: str | None = None, required: Iterable[str] = ()) -> list[dict[str, str]]:
+    """The rows of a CSV file ([] when it does not exist).
+
+    A file of one of TABLES (named by `table`, or by its file name, e.g. runs.csv) is checked
+    before anything is merged into it or read from it: its header must hold the table's key and
+    `required` columns and no column the table does not declare, every row must have the header's
+    number of fields, and the file must end with a newline (a truncated file usually does not).
+    Columns the file lacks (written by an older posbench) read as empty.
+    """
     path = Path(path)
     if not path.exists():
         return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            text = f.read()
+            rows = list(csv.DictReader(io.StringIO(text)))
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise PosbenchError(f"{path} is not a readable CSV file: {e}") from None
+    table = table or (path.stem if path.stem in TABLES else None)
+    if table is None:
+        return rows
+    if not text.strip():
+        raise PosbenchError(f"{path} is empty: not a posbench {table} table")
+    columns = TABLES[table]["columns"]
+    header = next(csv.reader(io.StringIO(text)))
+    missing = [c for c in (*TABLES[table]["key"], *required) if c not in header]
+    foreign = [c for c in header if c not in columns]
+    if missing or foreign:
+        what = f"lacks columns {', '.join(missing)}" if missing else f"has columns {', '.join(foreign)}"
+        raise PosbenchError(f"{path} is not a posbench {table} table: it {what}")
+    if text and not text.endswith("\n"):
+        raise PosbenchError(f"{path} is truncated: its last line is incomplete")
+    for i, row in enumerate(rows, start=2):
+        if None in row or None in row.values():
+            raise PosbenchError(f"{path} is damaged: line {i} does not have the {len(header)} fields of the header")
+    return [{c: row.get(c, "") for c in columns} for row in rows]
+
+
+def read_probes(directory: Path | str) -> list[dict[str, str]]:
+    """probes.csv, with the rows of a passkey.csv written before probes.csv existed (one row per
+    run x length x depth, the passkey probe's rows under other names) where probes.csv has none."""
+    rows = read_rows(table_path(directory, "probes"))
+    have = {tuple(r[k] for k in TABLES["probes"]["key"]) for r in rows}
+    for old in read_rows(table_path(directory, "passkey")):
+        row = {**old, "probe": "passkey", "spec": "passkey", "variant": f"depth={float(old['depth']):g}"}
+        if tuple(row.get(k, "") for k in TABLES["probes"]["key"]) not in have:
+            rows.append({c: row.get(c, "") for c in TABLES["probes"]["columns"]})
+    return rows
 
 
 def write_atomic(path: Path, content: str | bytes) -> None:
@@ -157,6 +201,10 @@ def write_atomic(path: Path, content: str | bytes) -> None:
         with open(tmp, "xb") as f:
             f.write(content.encode() if isinstance(content, str) else content)
         os.replace(tmp, path)
+    except OSError as e:
+        if not e.filename:  # a full disk: say which file could not be written
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -178,8 +226,6 @@ def merge_rows(directory: Path | str, table: str, rows: Iterable[dict[str, Any]]
 
 
 def _to_csv(columns: list[str], rows) -> str:
-    import io
-
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()

@@ -172,6 +172,6 @@ def paired_difference(a: dict, b: dict, block: int = 1, level: float = LEVEL) ->
 
 
 def accuracy_columns(hits: int, trials: int) -> dict[str, float]:
-    """The acc_lo and acc_hi columns of an accuracy row (passkey, probes): Wilson 95%."""
+    """The acc_lo and acc_hi columns of a probes.csv row: Wilson 95%."""
     lo, hi = wilson(hits, trials)
     return {"acc_lo": lo, "acc_hi": hi}

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from posbench import layout, results
-from posbench.config import TrainConfig, stable_hash
+from posbench.config import TrainConfig, build, stable_hash
 from posbench.data import DataConfig, TokenData, load_tokens, unigram_loss
-from posbench.errors import PosbenchError
+from posbench.errors import PosbenchError, RunFailed
 from posbench.model import ModelConfig, Transformer
 from posbench.positions import training_positions
 from posbench.schemes import Dims, get_scheme
@@ -87,11 +87,14 @@ class RunSpec:
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> RunSpec:
+        # Strictly, as a task file is read: a damaged config.json fails with one line.
+        if not (isinstance(raw["scheme"], str) and type(raw["seed"]) is int and isinstance(raw["params"], dict)):
+            raise TypeError("scheme must be a string, seed an integer and params a table")
         return cls(
-            scheme=raw["scheme"], params=raw["params"], seed=raw["seed"], task=raw.get("task", ""),
-            data=DataConfig(**raw["data"]),
-            model=ModelConfig(**raw["model"]),
-            train=TrainConfig(**raw["train"]),
+            scheme=raw["scheme"], params=raw["params"], seed=raw["seed"], task=str(raw.get("task", "")),
+            data=build(DataConfig, raw["data"], "data"),
+            model=build(ModelConfig, raw["model"], "model"),
+            train=build(TrainConfig, raw["train"], "train"),
         )
 
 
@@ -269,6 +272,9 @@ def load_checkpoint(run_dir: Path, model, opt, gen) -> tuple[dict[str, Any], lis
     tensors, meta = _read_safetensors(run_dir / CHECKPOINT)
     try:
         state = json.loads(meta["state"])
+        if not (isinstance(state, dict) and type(state.get("step")) is int and state["step"] >= 0
+                and isinstance(state.get("seconds"), (int, float))):
+            raise ValueError(f"bad state {meta['state'][:80]!r}")
         log = _log_rows(tensors["log"])
         if [e["step"] for e in log] != list(range(1, state["step"] + 1)):
             raise ValueError(f"its log does not hold steps 1..{state['step']}")
@@ -297,7 +303,9 @@ def load_trained(run_dir: Path, device="cpu") -> tuple[RunSpec, Transformer, int
         raw = json.loads((run_dir / "config.json").read_text())
         spec = RunSpec.from_json(raw)
         vocab = raw["vocab_size"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        if type(vocab) is not int or vocab < 1:
+            raise TypeError(f"vocab_size must be a positive integer, got {vocab!r}")
+    except (OSError, ValueError, KeyError, TypeError, PosbenchError) as e:
         raise PosbenchError(f"unreadable run config in {run_dir}: {e}") from None
     tensors, _ = _read_safetensors(run_dir / FINAL)
     model = build_model(spec, vocab)
@@ -406,6 +414,9 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
         if done and done[0]["status"] == "ok":
             return TrainResult(spec.run_id, run_dir, done[0], skipped=True)
     data = data or load_tokens(spec.data)
+    if len(data.train) < t.train_len + 2:
+        raise PosbenchError(f"the training split ({len(data.train)} tokens) is shorter than one window "
+                            f"of train_len {t.train_len} plus its target")
     model = build_model(spec, data.vocab_size).to(dev)
     net = ddp.wrap(model)
     opt = make_optimizer(model, t)
@@ -449,7 +460,7 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
         if ddp.main:
             results.merge_rows(runs_dir, "runs", [{**row_base, "status": "failed", "message": message,
                                                    "tokens": step * t.batch_size * t.train_len}])
-        raise PosbenchError(f"{spec.run_id}: {message}; recorded as failed in {runs_dir / 'runs.csv'}")
+        raise RunFailed(f"{spec.run_id}: {message}; recorded as failed in {runs_dir / 'runs.csv'}")
 
     model.train()
     bar = _progress(progress)

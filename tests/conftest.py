@@ -47,6 +47,28 @@ def tiny_data(corpus_dir) -> DataConfig:
     return DataConfig(spec=f"files:{corpus_dir}", tokenizer="bytes")
 
 
+# The [data] .. [eval] tables of a tiny task file on the test corpus ({corpus}); [eval] comes last
+# so that a test can add keys to it.
+TINY_TASK = """
+[data]
+spec = "files:{corpus}"
+tokenizer = "bytes"
+[model]
+d_model = 32
+n_layers = 1
+n_heads = 2
+[train]
+train_len = 16
+steps = 4
+batch_size = 4
+warmup = 1
+eval_interval = 4
+eval_windows = 4
+[eval]
+lengths = [16, 32]
+tokens = 64
+"""
+
 TINY_MODEL = ModelConfig(d_model=32, n_layers=2, n_heads=4)
 TINY_TRAIN = TrainConfig(train_len=16, steps=6, batch_size=4, warmup=2, eval_interval=3,
                          eval_windows=4, checkpoint_interval=2)

@@ -91,3 +91,10 @@ def test_bad_specs(spec, message):
 def test_unigram_loss_of_uniform_stream_is_log_vocab():
     stream = torch.arange(64).repeat(100)
     assert data.unigram_loss(stream, stream, 64) == pytest.approx(torch.log(torch.tensor(64.0)).item(), rel=1e-3)
+
+
+def test_files_split_does_not_depend_on_where_the_corpus_lives(tmp_path):
+    a = write_corpus(tmp_path / "one" / "corpus", n_docs=45, words=30)
+    b = write_corpus(tmp_path / "two" / "deeper" / "corpus", n_docs=45, words=30)
+    first, second = data.load_files(str(a)), data.load_files(str(b))
+    assert first.splits == second.splits and first.fingerprint == second.fingerprint

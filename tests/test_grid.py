@@ -6,6 +6,7 @@ import pytest
 
 from posbench import config, results
 from posbench.cli import main
+from conftest import TINY_TASK
 from posbench.errors import PosbenchError
 from posbench.grid import grid, parse_shard, run_task, shard_of
 
@@ -14,24 +15,7 @@ version = 1
 name = "tiny"
 schemes = ["none", "rope", "learned"]
 seeds = [0, 1]
-[data]
-spec = "files:{corpus}"
-tokenizer = "bytes"
-[model]
-d_model = 32
-n_layers = 1
-n_heads = 2
-[train]
-train_len = 16
-steps = 4
-batch_size = 4
-warmup = 1
-eval_interval = 4
-eval_windows = 4
-[eval]
-lengths = [16, 32]
-tokens = 64
-learned_extension = ["none", "hierarchical"]
+""" + TINY_TASK + """learned_extension = ["none", "hierarchical"]
 [speed]
 lengths = [32]
 heads = 2
@@ -68,8 +52,8 @@ def test_second_run_skips_everything_and_deleted_run_is_redone(task_file, full_r
     before = key_rows(out)
     assert len(before) == 2 * 2 * 2 + 2 * 2 * 2  # (none, rope) x seeds x lengths + learned x 2 extensions
     again = run_task(task, out, device="cpu", speed=False)
-    assert again == {"trained": 0, "skipped_train": 6, "evaluated": 0, "skipped_eval": 6, "passkey": 0,
-                     "skipped_passkey": 0, "speed": 0}
+    assert again == {"trained": 0, "skipped_train": 6, "evaluated": 0, "skipped_eval": 6, "probes": 0,
+                     "skipped_probes": 0, "speed": 0, "failed": []}
     victim = sorted(p for p in out.iterdir() if p.name.startswith("rope-"))[0]
     shutil.rmtree(victim)
     third = run_task(task, out, device="cpu", speed=False)
@@ -176,10 +160,14 @@ def test_run_cli_end_to_end(task_file, full_run, tmp_path, capsys):
     ('version = 1\nschemes = ["rpoe"]\n', "did you mean 'rope'"),
     ('version = 1\n[train]\nsteps = "many"\n', "must be int"),
     ('version = 1\nversion = 2\n', "invalid TOML"),
-    ('version = 1\n[passkey]\ndepth = [0.5]\n', "did you mean 'depths'"),
-    ('version = 1\n[passkey]\ndepths = [1.5]\n', r"depths must be a non-empty list in \[0, 1\]"),
     ('version = 1\n[eval]\nrope_scaling = ["llama"]\n', "did you mean 'llama3'"),
     ('version = 1\n[eval]\nllama3_low = 4.0\n', "must satisfy 0 < low < high, got 4.0 and 4.0"),
+    ('version = 1\n[probes]\nname = ["copy"]\n', "did you mean 'names'"),
+    ('version = 1\n[probes]\nnames = ["cpy"]\n', "unknown probe 'cpy'; did you mean 'copy'"),
+    ('version = 1\n[probes]\nnames = ["copy:size=9-3"]\n', "copy size 9-3 must be positive and low-high"),
+    ('version = 1\n[probes]\ntrials = 0\n', "trials must be > 0"),
+    ('version = 1\n[probes]\nrandomized = ["none"]\n', "takes no integer positions"),
+    ('version = 1\n[passkey]\ndepths = [0.5]\n', r"\[passkey\] section became \[probes\]"),
 ])
 def test_task_files_are_strict(tmp_path, text, message):
     bad = tmp_path / "bad.toml"
@@ -191,10 +179,10 @@ def test_task_files_are_strict(tmp_path, text, message):
 def test_shipped_tasks_validate(capsys):
     assert main(["tasks", "--validate"]) == 0
     out = capsys.readouterr().out
-    for name in ("quick", "ci", "standard", "wikitext103", "passkey", "catalogue"):
+    for name in ("quick", "ci", "standard", "wikitext103", "passkey", "catalogue", "probes"):
         assert name in out
     assert config.load_task("quick") == config.Task()  # the dataclass defaults are the quick task
-    assert config.load_task("passkey").passkey.enabled
+    assert config.load_task("passkey").probes.names == ("passkey",)
 
 
 def test_catalogue_task_is_every_scheme_on_the_quick_settings():

@@ -1,5 +1,5 @@
 """Randomized positions (Ruoss et al.) at test time: the evaluation draws, and their use by
-perplexity and passkey evaluation of a randomized run."""
+perplexity and probe evaluation of a randomized run."""
 
 import dataclasses
 
@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from conftest import TINY_MODEL, TINY_TRAIN
-from posbench import passkey, stats
-from posbench.config import EvalConfig, PasskeyConfig, TrainConfig
+from posbench import probing, stats
+from posbench.config import EvalConfig, ProbesConfig, TrainConfig
+from posbench.data import DataConfig
 from posbench.evaluate import evaluate_run
 from posbench.model import Transformer
 from posbench.positions import evaluation_positions
@@ -86,12 +87,16 @@ def test_randomized_run_is_evaluated_on_the_draws(randomized_run, seen_positions
     assert sum(w["loss"] for w in per_window) / len(per_window) == pytest.approx(by[32]["loss"])
 
 
-def test_randomized_run_passkey_reads_the_draws(randomized_run, seen_positions):
-    cfg = PasskeyConfig(lengths=(128, 512), depths=(0.0, 1.0), trials=2)
-    rows = passkey.evaluate_run(randomized_run, cfg, EvalConfig(position_draws=2), "cpu")
+def test_randomized_run_probes_read_the_draws(tmp_path, seen_positions):
+    data = DataConfig(spec="passkey:docs=100,len=110-200", tokenizer="bytes")
+    spec = RunSpec("learned", data=data, model=TINY_MODEL, train=RANDOMIZED_RUN)
+    run_dir = train(spec, tmp_path, device="cpu", progress=False).run_dir
+    seen_positions.clear()
+    cfg = ProbesConfig(lengths=(128, 512), trials=2)
+    rows = probing.evaluate_run(run_dir, cfg, EvalConfig(position_draws=2), "cpu")
     assert set(seen_positions) == draws_of(RANDOMIZED_RUN, 128, 2)
     ok = [r for r in rows if r["eval_len"] == 128]
-    assert all(r["status"] == "ok" and r["position_draws"] == 2 for r in ok)
+    assert len(ok) == 5 and all(r["status"] == "ok" and r["position_draws"] == 2 for r in ok)  # 5 depths
     assert all(r["accuracy"] == r["hits"] / (2 * 2) for r in ok)
     assert all((r["acc_lo"], r["acc_hi"]) == stats.wilson(r["hits"], 2 * 2) for r in ok)
     refused = [r for r in rows if r["eval_len"] == 512]

@@ -58,14 +58,14 @@ def test_effective_length_protocols_of_sliding_strides():
 
 
 def acc_rows(scheme, seed, hits_by_len, trials=10, train_len=64):
-    """Two depths per length; hits split between them."""
-    return [{"run_id": f"{scheme}-{seed}", "task": "t", "scheme": scheme, "seed": seed, "train_len": train_len,
-             "eval_len": n, "depth": d, "trials": trials, "hits": h // 2 + (h % 2 if d else 0),
+    """probes.csv rows of the passkey probe: two depths per length; hits split between them."""
+    return [{"run_id": f"{scheme}-{seed}", "task": "t", "probe": "passkey", "scheme": scheme, "seed": seed,
+             "train_len": train_len, "eval_len": n, "variant": f"depth={d}", "trials": trials, "hits": h // 2 + (h % 2 if d else 0),
              "accuracy": "", "scaling": "none", "extension": "none", "status": "ok"}
             for n, h in hits_by_len.items() for d in (0, 1)]
 
 
-def test_effective_length_of_accuracy_pools_depths():
+def test_effective_length_of_accuracy_pools_probe_variants():
     rows = strings(acc_rows("a", 0, {64: 20, 128: 11, 256: 9, 512: 20})  # 55%, then 45%
                    + acc_rows("b", 0, {64: 8, 128: 20}))  # below the threshold in-length
     got = by_run(effective.accuracy_rows(rows, threshold=0.5))

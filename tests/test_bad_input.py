@@ -1,0 +1,412 @@
+"""The bad-input contract: every case below ends with exit code 2 and one line on stderr that
+says what is wrong (never a traceback), and leaves existing results as they were. A few cases have
+a correct result instead, said where they are. Grouped by where the bad input comes from: flags,
+task files, result files, run directories, the file system, the data source, and training."""
+
+import errno
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from conftest import TINY_TASK
+
+from posbench import cli, results
+from posbench.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+BASELINE = REPO / "results" / "baseline" / "ci"
+
+
+def fails(argv, capsys, message: str, code: int = 2) -> str:
+    """Run the CLI in-process; assert the exit code and one stderr line containing `message`."""
+    rv = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert rv == code, err
+    assert len(lines) == 1 and message in lines[0], err
+    return lines[0]
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    """Every file under `directory` (names and bytes) but lock files: what 'results untouched'
+    compares."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*"))
+            if p.is_file() and not p.name.endswith(".lock")}
+
+
+# --- command-line values --------------------------------------------------------------------
+
+HUGE = "99999999999999999999"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--scheme", "rope", "--lr", "nan"], "lr must be a finite number"),
+    (["train", "--scheme", "rope", "--lr", "inf"], "lr must be a finite number"),
+    (["train", "--scheme", "rope", "--lr", "-1"], "lr must be > 0"),
+    (["train", "--scheme", "rope", "--steps", HUGE], "steps is too large"),
+    (["train", "--scheme", "rope", "--train-len", "3000000000"], "train_len is too large"),
+    (["train", "--scheme", "rope", "--batch-size", HUGE], "batch_size is too large"),
+    (["train", "--scheme", "rope", "--seed", "-1"], "seed must be in 0.."),
+    (["train", "--scheme", "rope", "--seed", HUGE], "seed must be in 0.."),
+    (["extrapolate", "--scaling-factor", "nan"], "rope_scaling_factor must be a finite number"),
+    (["extrapolate", "--scaling-factor", "-2"], "rope scaling factor must be >= 1"),
+    (["extrapolate", "--scaling-factor", "0.5"], "rope scaling factor must be >= 1"),
+    (["extrapolate", "--yarn-alpha", "nan"], "yarn_alpha must be a finite number"),
+    (["extrapolate", "--yarn-beta", "inf"], "yarn_beta must be a finite number"),
+    (["extrapolate", "--yarn-alpha", "-1"], "yarn_alpha must be > 0"),
+    (["extrapolate", "--yarn-alpha", "40"], "yarn_alpha (40.0) must be below yarn_beta"),
+    (["extrapolate", "--learned-extension", "foo"], "unknown learned extension 'foo'"),
+    (["extrapolate", "--rope-scaling", "yran"], "did you mean 'yarn'"),
+    (["extrapolate", "--lengths", ""], "bad lengths '': empty"),
+    (["extrapolate", "--lengths", HUGE], "lengths is too large"),
+    (["extrapolate", "--tokens", HUGE], "tokens is too large"),
+    (["extrapolate", "--stride", "-1"], "stride must be >= 0"),
+    (["speed", "--lengths", ""], "bad lengths '': empty"),
+    (["speed", "--schemes", ""], "empty list ''"),
+    (["probe", "--probe", "passkey", "--lengths", ""], "bad lengths '': empty"),
+    (["probe", "--probe", "passkey:digits=nan"], "bad digits 'nan'"),
+    (["compare", "a", "b", "--rtol", "nan"], "rtol must be a finite number >= 0"),
+    (["compare", "a", "b", "--rtol", "inf"], "rtol must be a finite number >= 0"),
+    (["compare", "a", "b", "--rtol", "-0.1"], "rtol must be a finite number >= 0"),
+])
+def test_bad_flag_value(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # nothing may be written anywhere
+    fails(argv, capsys, message)
+    assert not list(tmp_path.iterdir())
+
+
+# --- task files -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, message", [
+    ("seeds = []", "a task needs at least one seed"),
+    ("seeds = [0, 0]", "seeds repeat"),
+    ("seeds = [-1]", "seed must be in 0.."),
+    ("[params]\nrope = 5", "params.rope must be a table"),
+    ("[params.rope]\nbsae = 1.0", "did you mean 'base'"),
+    ("[params.rope]\nbase = 'x'", "parameter base='x' of scheme 'rope' must be float"),
+    ("[train]\nlr = nan", "lr must be a finite number"),
+    ("[train]\nlr = inf", "lr must be a finite number"),
+    ("[train]\nwarmup = -1", "warmup must be >= 0"),
+    ("[train]\nweight_decay = -0.1", "weight_decay must be >= 0"),
+    ("[train]\nweight_decay = nan", "weight_decay must be a finite number"),
+    ("[train]\ngrad_clip = 0", "grad_clip must be > 0"),
+    ("[train]\ngrad_clip = inf", "grad_clip must be a finite number"),
+    ("[train]\neval_windows = 0", "eval_windows must be > 0"),
+    (f"[train]\nsteps = {HUGE}", "steps is too large"),
+    ("[eval]\nyarn_alpha = nan", "yarn_alpha must be a finite number"),
+    ("[eval]\nyarn_beta = -inf", "yarn_beta must be a finite number"),
+    ("[eval]\nrope_scaling_factor = -1.0", "rope scaling factor must be >= 1"),
+    ("[eval]\nlearned_extension = ['foo']", "unknown learned extension 'foo'"),
+    ("[eval]\nrope_scaling = ['yran']", "did you mean 'yarn'"),
+    ("[eval]\nlengths = [64, 9999999999]", "lengths is too large"),
+])
+def test_bad_task_file(text, message, capsys, tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text(text + "\n")
+    line = fails(["run", path, "--out", tmp_path / "out"], capsys, message)
+    assert str(path) in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_task_file_not_utf8(capsys, tmp_path):
+    path = tmp_path / "latin.toml"
+    path.write_bytes('description = "caf\u00e9"\n'.encode("latin-1"))
+    fails(["train", "--scheme", "rope", "--task", path], capsys, "not UTF-8 text")
+
+
+def test_tasks_validate_rejects_bad_files(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "noseeds.toml").write_text("seeds = []\n")
+    (tmp_path / "tasks" / "latin.toml").write_bytes(b"description = \"caf\xe9\"\n")
+    assert main(["tasks", "--validate"]) == 1
+    out = capsys.readouterr().out
+    assert "at least one seed" in out and "not UTF-8" in out
+    assert "Traceback" not in out
+
+
+# --- result files ---------------------------------------------------------------------------
+
+def _baseline_copy(tmp_path: Path, name: str = "base") -> Path:
+    out = tmp_path / name
+    out.mkdir()
+    for table in ("runs", "extrapolation"):
+        shutil.copy(results.table_path(BASELINE, table), results.table_path(out, table))
+    return out
+
+
+def _edit_csv(path: Path, edit) -> None:
+    rows = results.read_rows(path)
+    columns = list(rows[0])
+    edit(rows, columns)
+    path.write_text(results._to_csv(columns, rows))
+
+
+def _first_ok(rows):
+    return next(r for r in rows if r["status"] == "ok")
+
+
+def test_compare_passes_on_itself(capsys, tmp_path):
+    base = _baseline_copy(tmp_path)
+    assert main(["compare", str(base), str(BASELINE)]) == 0
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda p: p.write_text(""), "is empty"),
+    (lambda p: p.write_text(p.read_text().splitlines()[0] + "\n"), "holds no rows"),
+    (lambda p: p.write_text(p.read_text()[:-40]), "is truncated"),
+    (lambda p: p.write_text("\n".join(p.read_text().splitlines()[:-1] + ["a,b,c"]) + "\n"), "line"),
+    (lambda p: p.write_bytes(b"\xff\xfe garbage\n"), "not a readable CSV"),
+    (lambda p: p.write_text("scheme,backend,pass\nrope,sdpa,fwd\n"), "lacks columns run_id"),
+    (lambda p: _edit_csv(p, lambda rows, cols: cols.remove("ppl")), "lacks columns ppl"),
+    (lambda p: _edit_csv(p, lambda rows, cols: cols.append("colour")), "has columns colour"),
+    (lambda p: _edit_csv(p, lambda rows, cols: _first_ok(rows).update(ppl="abc")), "perplexity 'abc'"),
+    (lambda p: _edit_csv(p, lambda rows, cols: _first_ok(rows).update(ppl="0")), "perplexity '0'"),
+    (lambda p: _edit_csv(p, lambda rows, cols: _first_ok(rows).update(ppl="inf")), "perplexity 'inf'"),
+])
+def test_compare_fails_on_a_damaged_baseline(damage, message, capsys, tmp_path):
+    """The CI gate must not pass when its baseline is empty, truncated or not a baseline."""
+    base = _baseline_copy(tmp_path)
+    damage(results.table_path(base, "extrapolation"))
+    fails(["compare", base, BASELINE], capsys, message)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda p: p.write_text("hello\n"), "lacks columns run_id"),
+    (lambda p: _edit_csv(p, lambda rows, cols: cols.remove("status")), "lacks columns status"),
+    (lambda p: _edit_csv(p, lambda rows, cols: _first_ok(rows).update(ppl="0")), "perplexity '0'"),
+    (lambda p: _edit_csv(p, lambda rows, cols: _first_ok(rows).update(ppl="x")), "perplexity 'x'"),
+])
+def test_compare_fails_on_a_damaged_current(damage, message, capsys, tmp_path):
+    cur = _baseline_copy(tmp_path, "current")
+    damage(results.table_path(cur, "extrapolation"))
+    fails(["compare", BASELINE, cur], capsys, message)
+
+
+GARBAGE = {
+    "garbage": lambda p: p.write_bytes(b"\x00\x01 not a table at all\n"),
+    "foreign columns": lambda p: p.write_text("scheme,backend,pass,seq_len\nrope,sdpa,fwd,64\n"),
+    "short row": lambda p: p.write_text(p.read_text() + "x,y\n"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(GARBAGE))
+@pytest.mark.parametrize("table", ["runs", "extrapolation"])
+def test_report_merge_refuses_junk_and_merges_nothing(kind, table, capsys, tmp_path):
+    mine, other = _baseline_copy(tmp_path, "mine"), _baseline_copy(tmp_path, "other")
+    _edit_csv(results.table_path(other, "runs"), lambda rows, cols: [r.update(run_id="x" + r["run_id"]) for r in rows])
+    GARBAGE[kind](results.table_path(other, table))
+    before = snapshot(mine)
+    fails(["report", mine, "--merge", other], capsys, str(results.table_path(other, table)))
+    assert snapshot(mine) == before
+
+
+@pytest.mark.parametrize("kind", sorted(GARBAGE))
+def test_report_refuses_junk(kind, capsys, tmp_path):
+    mine = _baseline_copy(tmp_path, "mine")
+    GARBAGE[kind](results.table_path(mine, "runs"))
+    before = snapshot(mine)
+    fails(["report", mine], capsys, "runs.csv")
+    assert snapshot(mine) == before
+
+
+# --- run directories (one tiny trained run, copied per case) ---------------------------------
+
+TINY = ["--train-len", "16", "--steps", "4", "--batch-size", "4", "--d-model", "32", "--layers", "1",
+        "--heads", "2", "--tokenizer", "bytes", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, corpus_dir) -> tuple[Path, list[str]]:
+    runs = tmp_path_factory.mktemp("trained")
+    args = ["train", "--scheme", "rope", "--data", f"files:{corpus_dir}", *TINY]
+    assert main(args + ["--runs-dir", str(runs)]) == 0
+    return runs, args
+
+
+def _copy_runs(trained, tmp_path: Path) -> tuple[Path, Path]:
+    runs = tmp_path / "runs"
+    shutil.copytree(trained[0], runs)
+    (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]
+    return runs, run_dir
+
+
+def _set_checkpoint_state(run_dir: Path, state: str) -> None:
+    from safetensors.torch import load_file, save_file
+
+    path = run_dir / "checkpoint.safetensors"
+    save_file(load_file(path), str(path), metadata={"state": state})
+
+
+@pytest.mark.parametrize("state", ["not json", "[]", '{"step": "four", "seconds": 1}', '{"seconds": 1}'])
+def test_resume_with_damaged_checkpoint_metadata(state, trained, capsys, tmp_path):
+    runs, run_dir = _copy_runs(trained, tmp_path)
+    _set_checkpoint_state(run_dir, state)
+    (run_dir / "model.safetensors").unlink()
+    fails([*trained[1], "--runs-dir", runs, "--resume"], capsys, "corrupt checkpoint")
+
+
+def test_resume_with_damaged_log(trained, capsys, tmp_path):
+    """One line, or (where the checkpoint holds the log) a correct resume that rewrites log.csv."""
+    runs, run_dir = _copy_runs(trained, tmp_path)
+    (run_dir / "log.csv").write_text("step,lr,loss\nfour,x\n")
+    (run_dir / "model.safetensors").unlink()
+    rv = main([*trained[1], "--runs-dir", str(runs), "--resume"])
+    err = capsys.readouterr().err
+    if rv == 2:
+        assert len(err.strip().splitlines()) == 1 and "log.csv" in err
+    else:
+        assert rv == 0 and [r["step"] for r in results.read_rows(run_dir / "log.csv")] == ["1", "2", "3", "4"]
+
+
+@pytest.mark.parametrize("change", [
+    {"train": {"train_len": "16"}}, {"seed": "0"}, {"vocab_size": "257"}, {"model": {"d_model": 3.5}},
+    {"params": [1]}, {"train": None}, {"scheme": 5},
+])
+def test_extrapolate_with_wrong_types_in_config_json(change, trained, capsys, tmp_path):
+    runs, run_dir = _copy_runs(trained, tmp_path)
+    raw = json.loads((run_dir / "config.json").read_text())
+    for key, value in change.items():
+        raw[key] = {**raw[key], **value} if isinstance(value, dict) else value
+    (run_dir / "config.json").write_text(json.dumps(raw))
+    fails(["extrapolate", "--runs-dir", runs, "--lengths", "16", "--device", "cpu"], capsys,
+          "unreadable run config")
+    assert not (runs / "extrapolation.csv").exists()
+
+
+@pytest.mark.parametrize("kind", sorted(GARBAGE))
+def test_extrapolate_into_junk_results(kind, trained, capsys, tmp_path):
+    runs, _ = _copy_runs(trained, tmp_path)
+    path = results.table_path(runs, "extrapolation")
+    shutil.copy(results.table_path(BASELINE, "extrapolation"), path)
+    GARBAGE[kind](path)
+    before = snapshot(runs)
+    fails(["extrapolate", "--runs-dir", runs, "--lengths", "16", "--device", "cpu"], capsys, str(path))
+    assert snapshot(runs) == before
+
+
+def test_train_len_longer_than_the_training_split(trained, capsys, tmp_path):
+    fails([*trained[1], "--train-len", "1000000", "--runs-dir", tmp_path], capsys,
+          "is shorter than one window of train_len 1000000")
+
+
+# --- the file system ------------------------------------------------------------------------
+
+def test_output_path_is_a_file(trained, capsys, tmp_path):
+    (tmp_path / "file").write_text("mine\n")
+    fails([*trained[1], "--runs-dir", tmp_path / "file"], capsys, "Not a directory")
+    fails(["speed", "--schemes", "none", "--lengths", "16", "--heads", "1", "--head-dim", "8", "--repeats", "1",
+           "--no-backward", "--device", "cpu", "--out", tmp_path / "file"], capsys, "is not a directory")
+    fails(["extrapolate", "--runs-dir", trained[0], "--lengths", "16", "--device", "cpu", "--out",
+           tmp_path / "file"], capsys, "is not a directory")
+    assert (tmp_path / "file").read_text() == "mine\n"
+
+
+def _read_only(path, mode="r", *args, **kwargs):
+    if "x" in mode or "w" in mode:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+    return open(path, mode, *args, **kwargs)
+
+
+class _FullDisk:
+    """Files whose writes fail as on a full disk."""
+
+    def __init__(self, path, mode="r", *args, **kwargs):
+        self.f = open(path, mode, *args, **kwargs)
+        self.full = "x" in mode or "w" in mode
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def write(self, data):
+        if self.full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return self.f.write(data)
+
+
+@pytest.mark.parametrize("fake, message", [(_read_only, "Read-only file system"), (_FullDisk, "No space left on device")])
+def test_unwritable_output_folder(fake, message, capsys, tmp_path, monkeypatch):
+    mine = _baseline_copy(tmp_path, "mine")
+    other = _baseline_copy(tmp_path, "other")
+    (mine / "report.md").write_text("previous report\n")
+    before = snapshot(mine)
+    monkeypatch.setattr(results, "open", fake, raising=False)  # what results writes with
+    line = fails(["report", mine, "--merge", other], capsys, message)
+    assert str(mine) in line
+    monkeypatch.undo()
+    assert snapshot(mine) == before, "a partial or temporary file was left behind"
+
+
+# --- data sources ---------------------------------------------------------------------------
+
+def test_hf_offline_one_line_quickly(capsys, tmp_path):
+    """With the offline flags set (as in tests/conftest.py)."""
+    began = time.monotonic()
+    fails(["train", "--scheme", "rope", "--data", "hf:no_such_dataset_posbench", "--runs-dir", tmp_path],
+          capsys, "cannot reach the Hugging Face hub")
+    assert time.monotonic() - began < 5
+
+
+def test_hf_unreachable_hub_without_offline_flags(capsys, tmp_path, monkeypatch):
+    """Without the flags: an unreachable hub is noticed at once (no half-minute of retries), and
+    datasets is asked for its cache only."""
+    import datasets
+    from huggingface_hub import constants
+
+    from posbench import data
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(data, "_hub_reachable", lambda timeout=3.0: False)
+    began = time.monotonic()
+    fails(["train", "--scheme", "rope", "--data", "hf:no_such_dataset_posbench", "--runs-dir", tmp_path],
+          capsys, "cannot reach the Hugging Face hub")
+    assert time.monotonic() - began < 5
+    assert constants.HF_HUB_OFFLINE is False and datasets.config.HF_HUB_OFFLINE is False
+
+
+# --- training -------------------------------------------------------------------------------
+
+def test_a_nan_run_does_not_stop_the_grid(corpus_dir, capsys, tmp_path, monkeypatch):
+    """Design: the diverged run is recorded as failed in runs.csv, the others are trained,
+    evaluated and reported, and `posbench run` exits 1 naming the failed run."""
+    from posbench.schemes.rotary import RoPE
+
+    monkeypatch.setattr(RoPE, "rotate", lambda self, q, k, pos, ctx: (q * float("nan"), k))
+    task = tmp_path / "two.toml"
+    task.write_text('schemes = ["alibi", "rope"]\n' + TINY_TASK.format(corpus=corpus_dir))
+    out = tmp_path / "out"
+    line = fails(["run", task, "--out", out, "--no-speed", "--device", "cpu"], capsys, "training failed for rope-",
+                 code=1)
+    runs = {r["scheme"]: r for r in results.read_rows(results.table_path(out, "runs"))}
+    assert runs["rope"]["status"] == "failed" and "loss became nan" in runs["rope"]["message"]
+    assert runs["alibi"]["status"] == "ok" and runs["rope"]["run_id"] in line
+    ext = results.read_rows(results.table_path(out, "extrapolation"))
+    assert {(r["scheme"], r["status"]) for r in ext} == {("alibi", "ok")}
+    assert runs["rope"]["run_id"] in (out / "report.md").read_text()
+
+
+def test_out_of_memory_one_line(trained, capsys, tmp_path, monkeypatch):
+    from posbench import train
+
+    def no_memory(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(train, "sample_batch", no_memory)
+    fails([*trained[1], "--runs-dir", tmp_path], capsys, "out of memory; use a smaller batch size")
+
+
+def test_main_turns_file_system_errors_into_one_line():
+    assert cli._file_system_error(FileExistsError(errno.EEXIST, "File exists", "out")) == \
+        "out exists and is not a directory"
+    assert cli._file_system_error(OSError(errno.ENOSPC, "No space left on device")) == "No space left on device"
