@@ -112,7 +112,7 @@ def compare(baseline: Path | str, current: Path | str, rtol: float = 0.05) -> Co
         for entry in _over_seeds(members, seeds[cell]) or [_by_rtol(e, b, c, rtol) for e, b, c in members]:
             out.regressions += entry["verdict"] == "worse"
             out.rows.append(entry)
-    out.rows.sort(key=lambda e: (e["scheme"], e["variant"], int(e["eval_len"]), e["mode"], e["seed"]))
+    out.rows.sort(key=lambda e: (e["scheme"], e["variant"], _numeric_order(e["eval_len"]), e["mode"], e["seed"]))
     better = sum(e["verdict"] == "better" for e in out.rows)
     if better:
         out.warnings.append(f"{better} rows improved beyond the tolerance: baseline stale? refresh it")
@@ -120,6 +120,11 @@ def compare(baseline: Path | str, current: Path | str, rtol: float = 0.05) -> Co
     if extra:
         out.warnings.append(f"{extra} current rows have no baseline row")
     return out
+
+
+def _numeric_order(text: str) -> tuple:
+    """Sort key: integers by value, before any other text (a damaged table must not crash sorting)."""
+    return (0, int(text), "") if text.isdigit() else (1, 0, text)
 
 
 CELL = ("task", "scheme", "params", "train_len", "eval_len", "mode", "stride", "scaling", "extension")
@@ -148,7 +153,7 @@ def _over_seeds(members: list, baseline: list[float]) -> list[dict]:
     now = sum(current) / len(current)
     verdict = "worse" if not math.isfinite(now) or now > mean + half else "better" if now < mean - half else "same"
     entry = members[0][0]
-    return [{**entry, "seed": ",".join(sorted((b["seed"] for _, b, _ in members), key=int)),
+    return [{**entry, "seed": ",".join(sorted((b["seed"] for _, b, _ in members), key=_numeric_order)),
              "baseline": f"{mean:.3f} ± {half:.3f}", "current": f"{now:.3f}", "change": (now - mean) / mean,
              "verdict": verdict}]
 
