@@ -25,6 +25,7 @@ TASK_VERSION = 1
 EVAL_MODES = ("nonoverlap", "sliding")
 DTYPES = ("float32", "bfloat16")
 MAX_INT = 2**31 - 1  # bounds every integer setting: larger ones overflow tensors long before use
+COMPILE = ("auto", "on", "off")  # torch.compile of the training forward; auto: on for CUDA
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class TrainConfig:
     randomize_positions: bool = False
     randomize_max: int = 2048  # L_max of randomized positions (Ruoss et al.)
     dtype: str = "float32"
+    compile: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -211,6 +213,7 @@ def validate(obj) -> None:
                   "checkpoint_interval", "lr", "grad_clip", "randomize_max")
         _non_negative(obj, "warmup", "weight_decay")
         _choice("dtype", obj.dtype, DTYPES)
+        _choice("compile", obj.compile, COMPILE)
         if obj.randomize_positions and obj.randomize_max < obj.train_len:
             raise PosbenchError("randomize_max must be at least train_len")
     elif isinstance(obj, EvalConfig):

@@ -33,7 +33,8 @@ TABLES: dict[str, dict[str, list[str]]] = {
         "key": ["run_id"],
         "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "randomized",
                     "steps", "tokens", "n_params", "final_train_loss", "final_val_loss",
-                    "unigram_val_loss", "train_seconds", "tokens_per_second", "backend", "status",
+                    "unigram_val_loss", "train_seconds", "tokens_per_second",
+                    "model_flops_per_second", "mfu", "backend", "compile", "status",
                     "message"] + PROVENANCE,
     },
     "extrapolation": {

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from posbench import layout, results
+from posbench import flops, layout, results
 from posbench.config import TrainConfig, build, stable_hash
 from posbench.data import DataConfig, TokenData, load_tokens, unigram_loss
 from posbench.errors import PosbenchError, RunFailed
@@ -62,7 +62,7 @@ class RunSpec:
 
     def identity(self) -> dict[str, Any]:
         train = dataclasses.asdict(self.train)
-        for logistics in ("eval_interval", "checkpoint_interval", "eval_windows"):
+        for logistics in ("eval_interval", "checkpoint_interval", "eval_windows", "compile"):
             train.pop(logistics)
         if not self.train.randomize_positions:
             train.pop("randomize_max")
@@ -173,6 +173,49 @@ def resolve_device(device: str) -> torch.device:
 def autocast(device: torch.device, dtype: str):
     enabled = dtype == "bfloat16"
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=enabled)
+
+
+class TrainingForward:
+    """The model's training forward, compiled once (torch.compile, fixed shapes: every training
+    batch has the same) or eager. `status` is what runs.csv records: on, off, or fallback when
+    compilation failed and training went on eager after one warning line. Validation calls the
+    eager model, which shares the weights: a few forwards per run do not repay a second
+    compilation for eval mode and no_grad."""
+
+    def __init__(self, net: torch.nn.Module, setting: str, device: torch.device):
+        self.net = net
+        self.status = "on" if setting == "on" or (setting == "auto" and device.type == "cuda") else "off"
+        self.compiled = net
+        self.proven = self.status == "off"  # a compiled step ran forward and backward once
+        if self.status == "on":
+            try:
+                self.compiled = torch.compile(net, dynamic=False)
+            except Exception as e:  # noqa: BLE001 - any failure of the compiler means eager
+                self.fall_back(e)
+
+    def fall_back(self, error: Exception) -> None:
+        first = str(error).splitlines()[0] if str(error) else ""
+        print(f"warning: torch.compile failed ({type(error).__name__}: {first[:200]}); "
+              "training eager", file=sys.stderr)
+        self.compiled, self.status, self.proven = self.net, "fallback", True
+
+    def __call__(self, *args, **kwargs):
+        return self.compiled(*args, **kwargs)
+
+    def first_step(self, step):
+        """Run `step` (forward, backward); compilation happens lazily inside the first one, so
+        its failure there falls back to eager and the step runs again from the same batch."""
+        if self.proven:
+            return step()
+        try:
+            out = step()
+        except PosbenchError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            self.fall_back(e)
+            return step()
+        self.proven = True
+        return out
 
 
 def build_model(spec: RunSpec, vocab_size: int) -> Transformer:
@@ -418,7 +461,7 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
         raise PosbenchError(f"the training split ({len(data.train)} tokens) is shorter than one window "
                             f"of train_len {t.train_len} plus its target")
     model = build_model(spec, data.vocab_size).to(dev)
-    net = ddp.wrap(model)
+    net = TrainingForward(ddp.wrap(model), t.compile, dev)
     opt = make_optimizer(model, t)
     gen = torch.Generator().manual_seed(spec.seed)
     if ddp.main:
@@ -443,6 +486,7 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
         "params": model.layout.describe(), "seed": spec.seed, "train_len": t.train_len,
         "randomized": t.randomize_positions, "steps": t.steps,
         "n_params": sum(p.numel() for p in model.parameters()), "backend": backend,
+        "compile": net.status,
         **results.provenance(dev.type, t.dtype, data.fingerprint),
     }
 
@@ -462,6 +506,16 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
                                                    "tokens": step * t.batch_size * t.train_len}])
         raise RunFailed(f"{spec.run_id}: {message}; recorded as failed in {runs_dir / 'runs.csv'}")
 
+    def forward_backward(x, y, pos) -> float:
+        with autocast(dev, t.dtype):
+            loss = net(x, pos, targets=y).mean()
+        value = ddp.mean(loss).item()
+        if not math.isfinite(value):
+            fail(f"loss became {value} at step {step}")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        return value
+
     model.train()
     bar = _progress(progress)
     task_id = bar.add_task(spec.run_id, total=t.steps, completed=step, loss=float("nan"), tps=0.0)
@@ -480,13 +534,8 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
                 pos = training_positions(t, gen)
                 x, y = ddp.local(x).to(dev), ddp.local(y).to(dev)
                 pos = pos.to(dev) if pos is not None else None
-                with autocast(dev, t.dtype):
-                    loss = net(x, pos, targets=y).mean()
-                value = ddp.mean(loss).item()
-                if not math.isfinite(value):
-                    fail(f"loss became {value} at step {step}")
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
+                value = net.first_step(lambda: forward_backward(x, y, pos))
+                row_base["compile"] = net.status  # "fallback" once the first step failed to compile
                 torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
                 opt.step()
                 step += 1
@@ -522,8 +571,18 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
         "train_seconds": seconds, "tokens_per_second": tokens / max(seconds, 1e-9),
         "status": "ok", "message": "",
     }
+    row.update(compute_rate(model, spec, dev, row["tokens_per_second"]))
     results.merge_rows(runs_dir, "runs", [row])
     return TrainResult(spec.run_id, run_dir, row)
+
+
+def compute_rate(model: Transformer, spec: RunSpec, dev: torch.device, tokens_per_second: float) -> dict:
+    """Achieved model FLOP/s (posbench.flops) and its fraction of the device's peak, where known."""
+    per_token = flops.training_flops_per_token(model, spec.model.n_layers, spec.model.d_model,
+                                               spec.train.train_len)
+    achieved = per_token * tokens_per_second
+    peak = flops.peak_flops(dev, spec.train.dtype)
+    return {"model_flops_per_second": achieved, "mfu": achieved / peak if peak else None}
 
 
 def _progress(enabled: bool):
