@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from enum import Enum
 from pathlib import Path
 from typing import List, Optional
@@ -66,14 +67,14 @@ def schemes(fmt: Format = typer.Option(Format.table, "--format", help="table, cs
 
 
 def _task_with_overrides(task_name, data, train_len, steps, batch_size, d_model, layers, heads,
-                         lr, randomize, dtype, tokenizer, vocab_size) -> config.Task:
+                         lr, randomize, dtype, tokenizer, vocab_size, compile_) -> config.Task:
     task = config.load_task(task_name)
     return dataclasses.replace(
         task,
         data=config.replace(task.data, spec=data, tokenizer=tokenizer, vocab_size=vocab_size),
         model=config.replace(task.model, d_model=d_model, n_layers=layers, n_heads=heads),
         train=config.replace(task.train, train_len=train_len, steps=steps, batch_size=batch_size,
-                             lr=lr, randomize_positions=randomize, dtype=dtype),
+                             lr=lr, randomize_positions=randomize, dtype=dtype, compile=compile_),
     )
 
 
@@ -96,6 +97,8 @@ def train(
         help="train on sorted random positions from [0, randomize_max) (Ruoss et al. 2023)"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     dtype: Optional[str] = typer.Option(None, help="float32 | bfloat16 (autocast)"),
+    compile_: Optional[str] = typer.Option(
+        None, "--compile", help="auto | on | off: torch.compile the training forward (auto: on for CUDA)"),
     tokenizer: Optional[str] = typer.Option(None, help="bpe | bytes"),
     vocab_size: Optional[int] = typer.Option(None, help="BPE vocabulary size"),
     runs_dir: Path = typer.Option(Path("runs"), help="where runs and runs.csv go"),
@@ -107,7 +110,7 @@ def train(
 
     scheme = layout.check(scheme)
     t = _task_with_overrides(task, data, train_len, steps, batch_size, d_model, layers, heads, lr,
-                             randomize_positions, dtype, tokenizer, vocab_size)
+                             randomize_positions, dtype, tokenizer, vocab_size, compile_)
     params = {**t.params.get(scheme, {}), **config.parse_params(param)}
     if seed is not None:
         config.check_seed(seed)
@@ -220,12 +223,16 @@ def run(
     out: Optional[Path] = typer.Option(None, help="output directory (default: runs/TASK)"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     speed: bool = typer.Option(True, "--speed/--no-speed", help="time the attention kernels too"),
+    compile_: Optional[str] = typer.Option(
+        None, "--compile", help="auto | on | off: torch.compile the training forward (auto: on for CUDA)"),
 ) -> int:
     """Run a whole grid: train every scheme x seed, extrapolate, time kernels, write the report.
     Exit 1 when a run failed (NaN loss): the others are trained, evaluated and reported."""
     from posbench import grid, report
 
+    began = time.perf_counter()
     t = config.load_task(task)
+    t = dataclasses.replace(t, train=config.replace(t.train, compile=compile_))
     part = grid.parse_shard(shard)
     out_dir = out or Path("runs") / t.name
     done = grid.run_task(t, out_dir, part, resume, device, progress=sys.stderr.isatty(), speed=speed,
@@ -243,6 +250,7 @@ def run(
         eff = report.effective_by_label(effective.perplexity_rows(rows, t.eval.effective_tolerance))
         console.print(report.ppl_table(rows, f"perplexity, {t.name}, {t.eval.mode}", eff))
     console.print(f"report: {path}")
+    console.print(f"wall time {_minutes(time.perf_counter() - began)}")
     if done["failed"]:
         err.print(f"error: training failed for {', '.join(done['failed'])} (recorded as failed in "
                   f"{results.table_path(out_dir, 'runs')}); the other runs completed", markup=False,
@@ -390,6 +398,11 @@ def probe(
         console.print(table)
     report.write_report(out_dir)
     console.print(f"wrote {results.table_path(out_dir, 'probes')}, probe_*.png and {Path(out_dir) / 'report.md'}")
+
+
+def _minutes(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s"
 
 
 def _split(text: str | None) -> tuple[str, ...] | None:

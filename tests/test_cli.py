@@ -25,6 +25,7 @@ TINY = ["--train-len", "16", "--steps", "4", "--batch-size", "4", "--d-model", "
     (["train", "--scheme", "rope", "--data", "files:/no/such/dir/*.txt"], "no readable files"),
     (["train", "--scheme", "rope", "--param", "bsae=5"], "did you mean 'base'"),
     (["train", "--scheme", "rope", "--task", "qiuck"], "did you mean 'quick'"),
+    (["train", "--scheme", "rope", "--compile", "of"], "did you mean 'off'"),
     (["schemes", "--format", "xml"], "Invalid value for '--format'"),
 ])
 def test_bad_input_one_line_no_traceback(args, message):
@@ -55,6 +56,8 @@ def test_train_end_to_end(corpus_dir, tmp_path, capsys):
     assert "validation loss" in out and "unigram model" in out
     rows = results.read_rows(tmp_path / "runs.csv")
     assert [r["scheme"] for r in rows] == ["alibi"] and rows[0]["backend"] == "sdpa-bias"
+    assert rows[0]["compile"] == "off" and float(rows[0]["model_flops_per_second"]) > 0
+    assert rows[0]["mfu"] == ""  # no known peak for a CPU
     assert main(args + ["--resume"]) == 0
     assert "already trained" in capsys.readouterr().out
     assert len(results.read_rows(tmp_path / "runs.csv")) == 1

@@ -1,5 +1,6 @@
 """`posbench run` / `compare` / `report` / `tasks` on a tiny grid."""
 
+import re
 import shutil
 
 import pytest
@@ -147,8 +148,10 @@ def test_compare_gate(full_run, tmp_path, capsys):
 
 def test_run_cli_end_to_end(task_file, full_run, tmp_path, capsys):
     out = tmp_path / "cli"
-    assert main(["run", str(task_file), "--out", str(out), "--device", "cpu", "--no-speed", "--shard", "2/3"]) == 0
+    assert main(["run", str(task_file), "--out", str(out), "--device", "cpu", "--no-speed", "--shard", "2/3",
+                 "--compile", "off"]) == 0
     text = capsys.readouterr().out
+    assert re.search(r"wall time \d+ min \d+ s", text)
     assert "trained 2" in text and (out / "report.md").exists() and (out / "extrapolation.png").exists()
     shutil.copytree(full_run, out, dirs_exist_ok=True)
     assert main(["run", str(task_file), "--out", str(out), "--device", "cpu", "--no-speed"]) == 0
