@@ -10,7 +10,8 @@ output head; for the quick model 12 L d^2 + d V). Embedding tables are lookups a
 are additions, so they are left out. 6 = 2 (multiply-add) x 3 (forward, and a backward twice as
 costly). Attention's scores and weighted sum add 2 x 2 T d per token and layer in the forward for
 all T keys; causal masking halves that to 2 T d, times 3 for the backward: 6 L T d, the causal form
-of PaLM's 12 L T d.
+of PaLM's 12 L T d. Layers whose span is a window or a chunk attend to fewer keys: for them the
+term is an upper bound.
 """
 
 from __future__ import annotations
