@@ -178,10 +178,12 @@ def test_one_scheme_layout_reproduces_the_model_before_layouts():
         "learned": (3.8700318336486816, "learned-fbd0403bf4", "learned-b954a8ee94"),
         "xl": (3.8846805095672607, "xl-a42a16167e", "xl-a464f1d4cc"),
     }
+    steps = {"steps": 500}  # the default when these were recorded
     for name, (loss, run_id, default_id) in before.items():
         spec = RunSpec(scheme=name, model=ModelConfig(d_model=32, n_layers=2, n_heads=4),
-                       train=TrainConfig(train_len=16, batch_size=2))
-        assert spec.run_id == run_id and RunSpec(scheme=name).run_id == default_id
+                       train=TrainConfig(train_len=16, batch_size=2, **steps))
+        assert spec.run_id == run_id
+        assert RunSpec(scheme=name, train=TrainConfig(**steps)).run_id == default_id
         model = build_model(spec, 50)
         opt = make_optimizer(model, spec.train)
         gen = torch.Generator().manual_seed(1)
