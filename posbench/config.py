@@ -31,7 +31,7 @@ COMPILE = ("auto", "on", "off")  # torch.compile of the training forward; auto: 
 @dataclass(frozen=True)
 class TrainConfig:
     train_len: int = 64
-    steps: int = 450
+    steps: int = 500
     batch_size: int = 32
     lr: float = 2e-3
     warmup: int = 50
@@ -93,7 +93,7 @@ class ProbesConfig:
 class Task:
     name: str = "quick"
     version: int = TASK_VERSION
-    description: str = "CPU-sized comparison on the built-in corpus: one scheme in about 70 seconds"
+    description: str = "CPU-sized comparison on the built-in corpus: one scheme in about 80 seconds"
     schemes: tuple[str, ...] = ("none", "sinusoidal", "learned", "rope", "alibi", "t5")
     seeds: tuple[int, ...] = (0,)
     params: dict[str, dict[str, Any]] = field(default_factory=dict)  # scheme -> {param: value}
