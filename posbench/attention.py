@@ -3,9 +3,9 @@
 - ``sdpa-causal``: input/qk/mixer schemes over full causal attention:
   F.scaled_dot_product_attention(is_causal=True), flash on a GPU.
 - ``flex``: content-independent biases, per-token gates, or a window or chunk span, on CUDA:
-  FlexAttention with the scheme's ``bias_fn`` (and a gate's c_i - c_j) as score_mod and a BlockMask built from the span's ``mask_mod``, so a
-  windowed or chunked layer skips every block outside its span (compiled once; recompiled per
-  length, dtype and scheme).
+  FlexAttention with the scheme's ``bias_fn`` (and a gate's c_i - c_j) as score_mod and a
+  BlockMask built from the span's ``mask_mod``, so a windowed or chunked layer skips every block
+  outside its span (compiled once; recompiled per length, dtype and scheme).
 - ``sdpa-bias``: content-independent biases elsewhere: SDPA with an (H, T, T) float mask (the bias,
   -inf outside the span), built once per forward and shared by the layers; per-token gates: a
   (B, H, T, T) float mask c_i - c_j built per layer, since each layer has its own gates.
@@ -191,7 +191,10 @@ def gate_bias(c: torch.Tensor) -> torch.Tensor:
     return c[..., :, None] - c[..., None, :]
 
 
-def _gated_score_mod(c: torch.Tensor, inner):
+def gated_score_mod(c: torch.Tensor, inner):
+    """FlexAttention's score_mod for a gate c (B, H, T), after `inner` (the bias's, or None). A
+    new closure each layer and forward: the compiled kernel takes c as an input, not a constant."""
+
     def score_mod(score, b, h, q_idx, kv_idx):
         if inner is not None:
             score = inner(score, b, h, q_idx, kv_idx)
@@ -216,7 +219,7 @@ def attend(q, k, v, scheme, ctx: AttnContext, layer: int,
             mask = bias.to(q.dtype)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     if backend == "flex":
-        score_mod = ctx.score_mod if gate is None else _gated_score_mod(gate, ctx.score_mod)
+        score_mod = ctx.score_mod if gate is None else gated_score_mod(gate, ctx.score_mod)
         return _compiled_flex()(
             q, k, v, score_mod=score_mod, block_mask=ctx.block_mask, scale=scale
         )

@@ -76,7 +76,7 @@ def test_fox_score_mod_equals_the_float_mask(span):
         warnings.simplefilter("ignore")  # eager FlexAttention warns that it is unfused
         gate = scheme.gate(x, 0)
         ctx = attention.prepare(scheme, pos, "flex", span)
-        score_mod = attention._gated_score_mod(gate, ctx.score_mod)
+        score_mod = attention.gated_score_mod(gate, ctx.score_mod)
         got = flex_attention(q, k, v, score_mod=score_mod, block_mask=ctx.block_mask,
                              scale=scheme.qk_scale)
         want = attention.attend(q, k, v, scheme, attention.prepare(scheme, pos, "sdpa-bias", span),
