@@ -2,16 +2,18 @@
 
 - ``sdpa-causal``: input/qk/mixer schemes over full causal attention:
   F.scaled_dot_product_attention(is_causal=True), flash on a GPU.
-- ``flex``: content-independent biases, or a window or chunk span, on CUDA: FlexAttention with the
-  scheme's ``bias_fn`` as score_mod and a BlockMask built from the span's ``mask_mod``, so a
-  windowed or chunked layer skips every block outside its span (compiled once; recompiled per
-  length, dtype and scheme).
+- ``flex``: content-independent biases, per-token gates, or a window or chunk span, on CUDA:
+  FlexAttention with the scheme's ``bias_fn`` (and a gate's c_i - c_j) as score_mod and a
+  BlockMask built from the span's ``mask_mod``, so a windowed or chunked layer skips every block
+  outside its span (compiled once; recompiled per length, dtype and scheme).
 - ``sdpa-bias``: content-independent biases elsewhere: SDPA with an (H, T, T) float mask (the bias,
-  -inf outside the span), built once per forward and shared by the layers.
+  -inf outside the span), built once per forward and shared by the layers; per-token gates: a
+  (B, H, T, T) float mask c_i - c_j built per layer, since each layer has its own gates.
 - ``sdpa-mask``: a window or chunk span without a bias elsewhere: SDPA with a (T, T) bool mask.
   It computes every score and discards those outside the span: the cost of full attention.
-- ``explicit``: content-dependent terms (logits/values hooks): the scores materialized, then
-  softmax. It is also the reference every other path is tested against.
+- ``explicit``: content-dependent terms (logits/values hooks) and weights other than softmax (the
+  weights hook): the scores materialized, then softmax or the scheme's weights. It is also the
+  reference every other path is tested against.
 
 Contexts are built once per forward for each distinct (scheme, span) and shared by its layers.
 """
@@ -88,13 +90,14 @@ def flex_supports(scheme) -> bool:
 
 def choose_backend(scheme, device: torch.device | str, span: Span = FULL) -> str:
     hooks = set(scheme.hooks)
-    if hooks & {"logits", "values"}:
+    if hooks & {"logits", "values", "weights"}:
         return "explicit"
-    if "bias" in hooks or span != FULL:
+    biased = bool(hooks & {"bias", "gate"})
+    if biased or span != FULL:
         on_cuda = torch.device(device).type == "cuda"
         if on_cuda and flex_available() and flex_supports(scheme):
             return "flex"
-        return "sdpa-bias" if "bias" in hooks else "sdpa-mask"
+        return "sdpa-bias" if biased else "sdpa-mask"
     return "sdpa-causal"
 
 
@@ -107,8 +110,9 @@ class AttnContext:
     shared: Any = None  # scheme.prepare(pos)
     span: Span = FULL
     bias: torch.Tensor | None = None  # (H, T, T), the explicit path's materialized bias
-    # sdpa-bias: (H, T, T) float32, bias with -inf outside the span; sdpa-mask: (T, T) bool;
-    # explicit: (T, T) bool, True outside the span
+    # sdpa-bias: (H, T, T) float32, bias with -inf outside the span (a gate without a bias:
+    # (T, T) bool, True inside the span); sdpa-mask: (T, T) bool; explicit: (T, T) bool, True
+    # outside the span
     mask: torch.Tensor | None = None
     score_mod: Any = None
     block_mask: Any = None
@@ -169,10 +173,11 @@ def prepare(scheme, pos: torch.Tensor, backend: str, span: Span = FULL,
 
             ctx.score_mod = score_mod
         ctx.block_mask = block_mask(span, t, str(pos.device))
-    elif backend == "sdpa-bias":  # only the mask is kept: at long lengths (H, T, T) is large
+    elif backend == "sdpa-bias" and "bias" in scheme.hooks:
+        # only the mask is kept: at long lengths (H, T, T) is large
         bias = scheme.bias(pos, ctx.shared).float()
         ctx.mask = bias.masked_fill(~span.mask(t, pos.device), float("-inf"))
-    elif backend == "sdpa-mask":
+    elif backend in ("sdpa-bias", "sdpa-mask"):
         ctx.mask = span.mask(t, pos.device)
     elif backend == "explicit":
         ctx.mask = ~span.mask(t, pos.device)
@@ -181,23 +186,48 @@ def prepare(scheme, pos: torch.Tensor, backend: str, span: Span = FULL,
     return ctx
 
 
-def attend(q, k, v, scheme, ctx: AttnContext, layer: int) -> torch.Tensor:
-    """q, k, v (B, H, T, D) -> (B, H, T, D), over the context's span."""
+def gate_bias(c: torch.Tensor) -> torch.Tensor:
+    """A per-token gate's logit term: c (B, H, T) -> c_i - c_j, (B, H, T, T)."""
+    return c[..., :, None] - c[..., None, :]
+
+
+def gated_score_mod(c: torch.Tensor, inner):
+    """FlexAttention's score_mod for a gate c (B, H, T), after `inner` (the bias's, or None). A
+    new closure each layer and forward: the compiled kernel takes c as an input, not a constant."""
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        if inner is not None:
+            score = inner(score, b, h, q_idx, kv_idx)
+        return score + (c[b, h, q_idx] - c[b, h, kv_idx])
+
+    return score_mod
+
+
+def attend(q, k, v, scheme, ctx: AttnContext, layer: int,
+           gate: torch.Tensor | None = None) -> torch.Tensor:
+    """q, k, v (B, H, T, D) -> (B, H, T, D), over the context's span; `gate`: this layer's
+    per-token gate c (B, H, T) float32 (the gate hook), added to the logits as c_i - c_j."""
     backend = ctx.backend
     scale = scheme.qk_scale
     if backend == "sdpa-causal":
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     if backend in ("sdpa-bias", "sdpa-mask"):
         mask = ctx.sdpa_mask(q.dtype)  # (H, T, T) float or (T, T) bool
+        if gate is not None:
+            bias = gate_bias(gate)
+            bias = bias.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else bias + mask
+            mask = bias.to(q.dtype)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     if backend == "flex":
+        score_mod = ctx.score_mod if gate is None else gated_score_mod(gate, ctx.score_mod)
         return _compiled_flex()(
-            q, k, v, score_mod=ctx.score_mod, block_mask=ctx.block_mask, scale=scale
+            q, k, v, score_mod=score_mod, block_mask=ctx.block_mask, scale=scale
         )
-    return explicit_attention(q, k, v, scheme, ctx, layer)
+    return explicit_attention(q, k, v, scheme, ctx, layer, gate)
 
 
-def explicit_attention(q, k, v, scheme, ctx: AttnContext, layer: int) -> torch.Tensor:
+def explicit_attention(q, k, v, scheme, ctx: AttnContext, layer: int,
+                       gate: torch.Tensor | None = None) -> torch.Tensor:
     if "logits" in scheme.hooks:
         scores = scheme.logits(q, k, ctx.pos, ctx.shared, layer)  # (B, H, T, T)
     else:
@@ -205,10 +235,16 @@ def explicit_attention(q, k, v, scheme, ctx: AttnContext, layer: int) -> torch.T
     if "bias" in scheme.hooks:
         bias = ctx.bias if ctx.bias is not None else scheme.bias(ctx.pos, ctx.shared)
         scores = scores + bias
+    scores = scores.float()
+    if gate is not None:
+        scores = scores + gate_bias(gate)
     own = ctx.backend == "explicit"  # another path's context holds its own kind of mask
     blocked = ctx.mask if own else ~ctx.span.mask(q.shape[-2], q.device)
-    scores = scores.float().masked_fill(blocked, float("-inf"))
-    attn = scores.softmax(dim=-1).to(v.dtype)
+    scores = scores.masked_fill(blocked, float("-inf"))
+    if "weights" in scheme.hooks:
+        attn = scheme.weights(scores).to(v.dtype)
+    else:
+        attn = scores.softmax(dim=-1).to(v.dtype)
     out = attn @ v
     if "values" in scheme.hooks:
         out = out + scheme.values(attn, ctx.pos, ctx.shared, layer)

@@ -284,7 +284,7 @@ def relative(layout: Layout) -> bool:
 class LayerPlan:
     """What one layer does in one forward: its scheme, the context shared by the layers of the
     same (scheme, span), and the factor its queries are multiplied by (None: none). A hook that
-    reads the layer's input x (a per-token gate) would be called by the layer with this plan."""
+    reads the layer's input x (a per-token gate) is called by the layer itself."""
 
     scheme: Scheme
     ctx: attention.AttnContext

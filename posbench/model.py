@@ -46,7 +46,8 @@ class Attention(nn.Module):
             q, k = scheme.rotate(q, k, ctx.pos, ctx.shared)
         if plan.factor is not None:  # the layer's temperature
             q = q * plan.factor.to(q.dtype)
-        y = attention.attend(q, k, v, scheme, ctx, self.layer)  # (B, H, T, D)
+        gate = scheme.gate(x, self.layer) if "gate" in scheme.hooks else None  # (B, H, T)
+        y = attention.attend(q, k, v, scheme, ctx, self.layer, gate)  # (B, H, T, D)
         return self.proj(y.transpose(1, 2).reshape(b, t, d))
 
 

@@ -12,6 +12,12 @@ d model width. `pos` is a (T,) long tensor of explicit positions shared by the b
                                                FlexAttention's score_mod
 - logits  ``logits(q, k, pos, ctx, layer) -> s``  the full pre-softmax scores (B, H, T, T)
 - values  ``values(attn, pos, ctx, layer) -> o``  a term added to attn @ v, (B, H, T, D)
+- gate    ``gate(x, layer) -> c``              per-token scalars from the layer's input x
+                                               (B, T, d): c (B, H, T) float32, added to the
+                                               logits as c_i - c_j (the parameters of every layer
+                                               belong to the scheme, shared by its layers)
+- weights ``weights(scores) -> attn``          replaces softmax: scores (B, H, T, T) float32,
+                                               -inf outside the span, to weights (explicit path)
 
 ``prepare(pos)`` runs once per forward and returns whatever the hooks share across layers.
 """
@@ -27,7 +33,7 @@ from torch import nn
 
 from posbench.errors import PosbenchError, did_you_mean
 
-HOOKS = ("input", "mixer", "qk", "bias", "logits", "values")
+HOOKS = ("input", "mixer", "qk", "bias", "logits", "values", "gate", "weights")
 
 
 class PositionLimitError(PosbenchError):
@@ -151,6 +157,12 @@ class Scheme(nn.Module):
         raise NotImplementedError
 
     def values(self, attn, pos, ctx, layer: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def gate(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def weights(self, scores: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def describe(self) -> str:
