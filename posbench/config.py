@@ -87,6 +87,9 @@ class ProbesConfig:
     trials: int = 20  # prompts per (length, variant)
     seed: int = 0  # of the prompts: every scheme answers the same ones
     randomized: tuple[str, ...] = ()  # schemes also trained with randomized positions (Ruoss et al.)
+    # probe name -> [train] keys that differ for the runs on that probe's documents
+    # ([probes.train.copy] train_len = 32): each probe learned at a size a tiny model can learn
+    train: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,15 @@ class Task:
     eval: EvalConfig = EvalConfig()
     speed: SpeedConfig = SpeedConfig()
     probes: ProbesConfig = ProbesConfig()
+
+    def train_for(self, spec: str) -> TrainConfig:
+        """The training settings of runs on data `spec`: [train], with the keys of
+        [probes.train.NAME] where `spec` is the documents of probe NAME."""
+        changes = self.probes.train.get(spec.partition(":")[0].strip())
+        if not changes:
+            return self.train
+        name = spec.partition(":")[0].strip()
+        return build(TrainConfig, {**dataclasses.asdict(self.train), **changes}, f"probes.train.{name}")
 
 
 def shipped_tasks_dir() -> Path:
@@ -258,6 +270,10 @@ def validate(obj) -> None:
         for name in obj.randomized:
             if not get_scheme(name).takes_positions:
                 raise PosbenchError(f"scheme {name!r} takes no integer positions to randomize")
+        named = {n.partition(":")[0].strip() for n in obj.names}
+        for name in obj.train:
+            if name not in named:
+                raise did_you_mean(name, sorted(named), "probe in [probes.train] (not in [probes] names)")
     elif isinstance(obj, ModelConfig):
         _positive(obj, "d_model", "n_layers", "n_heads", "mlp_ratio")
         if obj.d_model % obj.n_heads:
@@ -278,6 +294,8 @@ def validate(obj) -> None:
 
         for name in obj.schemes:
             layout.check(name)
+        for name in obj.probes.train:
+            obj.train_for(name)  # every override a valid [train]
         for name, params in obj.params.items():
             plain = layout.parse(name).plain()
             if plain is None:

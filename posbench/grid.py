@@ -30,14 +30,16 @@ def parse_shard(text: str | None) -> tuple[int, int]:
 
 
 def grid(task: Task) -> list[RunSpec]:
-    """Every scheme x seed of the task on its data, then on every probe's documents (the
-    randomized schemes of [probes] once more with randomized positions), each run once, sorted by
+    """Every scheme x seed of the task on its data, then on every probe's documents with the
+    probe's training settings (the randomized schemes of [probes] once more with randomized
+    positions), each run once, sorted by
     run_id (the order shards slice). A probe named as the task's data shares its runs."""
-    randomized = dataclasses.replace(task.train, randomize_positions=True)
     cells = [(task.data, s, task.train) for s in task.schemes]
     for name in task.probes.names:
         data = dataclasses.replace(task.data, spec=name)
-        cells += [(data, s, task.train) for s in task.schemes]
+        train = task.train_for(name)
+        randomized = dataclasses.replace(train, randomize_positions=True)
+        cells += [(data, s, train) for s in task.schemes]
         cells += [(data, s, randomized) for s in task.probes.randomized]
     specs = {
         spec.run_id: spec

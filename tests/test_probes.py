@@ -380,3 +380,57 @@ def test_old_passkey_csv_is_read_as_probe_rows(tmp_path):
     assert [r["accuracy"] for r in results.read_probes(tmp_path)] == ["0.5"]  # probes.csv wins
     assert main(["report", str(tmp_path)]) == 0
     assert "### passkey" in (tmp_path / "report.md").read_text()
+
+
+PER_PROBE = """
+schemes = ["rope", "none"]
+[data]
+spec = "pystdlib"
+[train]
+train_len = 128
+steps = 100
+[probes]
+names = ["passkey", "copy:size=1-14", "copy:size=1-30"]
+randomized = ["rope"]
+[probes.train.copy]
+train_len = 32
+steps = 300
+"""
+
+
+def test_a_probe_trains_with_its_own_settings(tmp_path):
+    from posbench.grid import grid
+
+    path = tmp_path / "per_probe.toml"
+    path.write_text(PER_PROBE)
+    task = config.load_task(str(path))
+    assert task.train_for("copy:size=1-14").train_len == 32 and task.train_for("copy").steps == 300
+    assert task.train_for("passkey") == task.train and task.train_for("pystdlib") == task.train
+    runs = grid(task)
+    assert len(runs) == 2 + 3 * 3  # the corpus, then each probe x (rope, none, rope randomized)
+    for run in runs:
+        copy = run.data.spec.startswith("copy")
+        assert (run.train.train_len, run.train.steps) == ((32, 300) if copy else (128, 100))
+    randomized = [r for r in runs if r.train.randomize_positions]
+    assert len(randomized) == 3 and all(r.scheme == "rope" for r in randomized)
+    # `posbench train --task` on the probe's documents gets the same run as the grid
+    from posbench.cli import _task_with_overrides
+
+    cli_task = _task_with_overrides(str(path), "copy:size=1-14", *[None] * 12)
+    assert cli_task.train == task.train_for("copy:size=1-14")
+    # ... and probes are scored at 1x..8x their own training length
+    assert probing.lengths_for(task.probes, task.train_for("copy").train_len) == (32, 64, 128, 256)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("[probes.train.sort]\nsteps = 3", "probe in [probes.train]"),
+    ("[probes.train.copy]\nstep = 3", "did you mean 'steps'"),
+    ("[probes.train.copy]\nsteps = 0", "steps must be > 0"),
+    ("[probes.train.copy]\ntrain_len = 'long'", "must be int"),
+    ("[probes.train]\ncopy = 3", "must be a table"),
+])
+def test_bad_per_probe_settings_are_one_clear_error(tmp_path, extra, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(PER_PROBE.replace("[probes.train.copy]\ntrain_len = 32\nsteps = 300\n", extra))
+    with pytest.raises(PosbenchError, match=re.escape(message)):
+        config.load_task(str(path))
