@@ -96,7 +96,7 @@ class ProbesConfig:
 class Task:
     name: str = "quick"
     version: int = TASK_VERSION
-    description: str = "CPU-sized comparison on the built-in corpus: one scheme in about 80 seconds"
+    description: str = "CPU-sized comparison on the built-in corpus: one scheme in about a minute"
     schemes: tuple[str, ...] = ("none", "sinusoidal", "learned", "rope", "alibi", "t5")
     seeds: tuple[int, ...] = (0,)
     params: dict[str, dict[str, Any]] = field(default_factory=dict)  # scheme -> {param: value}
