@@ -226,6 +226,8 @@ def run(
     speed: bool = typer.Option(True, "--speed/--no-speed", help="time the attention kernels too"),
     compile_: Optional[str] = typer.Option(
         None, "--compile", help="auto | on | off: torch.compile the training forward (auto: on for CUDA)"),
+    seeds: Optional[str] = typer.Option(None, help="seeds instead of the task's, e.g. 0,1,2 (same run_ids)"),
+    schemes: Optional[str] = typer.Option(None, help="schemes instead of the task's, comma-separated"),
 ) -> int:
     """Run a whole grid: train every scheme x seed, extrapolate, time kernels, write the report.
     Exit 1 when a run failed (NaN loss): the others are trained, evaluated and reported."""
@@ -234,6 +236,9 @@ def run(
     began = time.perf_counter()
     t = config.load_task(task)
     t = dataclasses.replace(t, train=config.replace(t.train, compile=compile_))
+    if seeds is not None or schemes is not None:
+        t = config.replace(t, seeds=config.parse_int_list(seeds, "seeds") if seeds is not None else None,
+                           schemes=_split(schemes))
     part = grid.parse_shard(shard)
     out_dir = out or Path("runs") / t.name
     done = grid.run_task(t, out_dir, part, resume, device, progress=sys.stderr.isatty(), speed=speed,

@@ -156,6 +156,25 @@ def test_run_cli_end_to_end(task_file, full_run, tmp_path, capsys):
     shutil.copytree(full_run, out, dirs_exist_ok=True)
     assert main(["run", str(task_file), "--out", str(out), "--device", "cpu", "--no-speed"]) == 0
     assert "trained 0, skipped 6" in capsys.readouterr().out
+    # --seeds and --schemes replace the task's: the same run_ids where they overlap, new ones beside
+    assert main(["run", str(task_file), "--out", str(out), "--device", "cpu", "--no-speed",
+                 "--schemes", "rope", "--seeds", "0,1,7"]) == 0
+    assert "trained 1, skipped 2" in capsys.readouterr().out
+    seeds = {r["seed"] for r in results.read_rows(out / "runs.csv") if r["scheme"] == "rope"}
+    assert seeds == {"0", "1", "7"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seeds", "1,1"], "seeds repeat"),
+    (["--seeds", "x"], "bad seeds 'x'"),
+    (["--schemes", "rpoe"], "did you mean 'rope'"),
+    (["--schemes", ","], "empty list"),
+])
+def test_run_seed_and_scheme_overrides_are_checked(task_file, tmp_path, capsys, args, message):
+    assert main(["run", str(task_file), "--out", str(tmp_path / "out"), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("text, message", [
