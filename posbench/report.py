@@ -109,18 +109,38 @@ def ppl_grid(rows, mark) -> tuple[list[int], list[list[str]]]:
 PPL_NOTE = SEED_NOTE.format(within="± standard error over windows")
 
 
-def accuracy_cell(g: pd.DataFrame) -> str:
+def accuracy_interval(g: pd.DataFrame) -> tuple[float, float, float, int]:
     """Accuracy of one label and length, hits and attempts (trials x position draws) pooled over
-    the other columns (depth, variant) within each run: over several seeds the mean [95% t-interval over seeds], over one
-    the value (Wilson 95% interval over its trials)."""
+    the other columns (depth, variant) within each run: (mean, lo, hi, seeds), the 95% t-interval
+    over seeds (clipped to [0, 1]) when several, the Wilson interval over its trials when one."""
     ok = g[g["status"] == "ok"]
     ok = ok.assign(trials=ok.apply(effective.attempts, axis=1), hits=pd.to_numeric(ok["hits"]))
     per_run = ok.groupby("run_id")[["hits", "trials"]].sum()
     iv = stats.mean_interval(per_run["hits"] / per_run["trials"])
     if iv.n > 1:
-        return f"{100 * iv.mean:.0f}% [{100 * max(iv.lo, 0):.0f}, {100 * min(iv.hi, 1):.0f}]"
+        return iv.mean, max(iv.lo, 0.0), min(iv.hi, 1.0), iv.n
     lo, hi = stats.wilson(int(per_run["hits"].iloc[0]), int(per_run["trials"].iloc[0]))
-    return f"{100 * iv.mean:.0f}% ({100 * lo:.0f}–{100 * hi:.0f})"
+    return iv.mean, lo, hi, iv.n
+
+
+def accuracy_cell(g: pd.DataFrame) -> str:
+    """accuracy_interval as text: `mean [lo, hi]` over seeds, `value (lo–hi)` over trials."""
+    mean, lo, hi, n = accuracy_interval(g)
+    if n > 1:
+        return f"{100 * mean:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}]"
+    return f"{100 * mean:.0f}% ({100 * lo:.0f}–{100 * hi:.0f})"
+
+
+def ppl_interval(g: pd.DataFrame) -> tuple[float, float, float]:
+    """Perplexity of one label and length: (mean, lo, hi), the 95% t-interval over seeds when
+    several, the row's own 95% interval over windows (ppl_lo, ppl_hi) when one (NaN where the
+    row has none)."""
+    iv = stats.mean_interval(g["ppl"])
+    if iv.n > 1:
+        return iv.mean, iv.lo, iv.hi
+    row = g.dropna(subset=["ppl"]).iloc[0]
+    bounds = [pd.to_numeric(row.get(k, math.nan), errors="coerce") for k in ("ppl_lo", "ppl_hi")]
+    return (iv.mean, *(float(b) for b in bounds))
 
 
 ACCURACY_NOTE = SEED_NOTE.format(within="(Wilson 95% interval over its trials)")
@@ -174,7 +194,8 @@ def probe_tables(rows) -> list[Table]:
 
 
 def plot_probe_heatmap(df: pd.DataFrame, path: Path, title: str) -> Path:
-    """Accuracy by scheme variant (rows) and prompt length (columns), annotated."""
+    """Accuracy by scheme variant (rows) and prompt length (columns), annotated with the value and
+    its 95% interval (accuracy_interval)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -183,17 +204,24 @@ def plot_probe_heatmap(df: pd.DataFrame, path: Path, title: str) -> Path:
 
     lengths = sorted(df["eval_len"].unique())
     names = sorted(df["label"].unique(), key=lambda s: (s.split("+")[0], s))
-    acc = df.groupby(["label", "eval_len"])["accuracy"].mean()
-    grid = np.array([[acc.get((s, n), np.nan) for n in lengths] for s in names])
-    fig, ax = plt.subplots(figsize=(1.2 * len(lengths) + 2.6, 0.4 * len(names) + 1.6))
+    cells = {key: accuracy_interval(g) for key, g in df.groupby(["label", "eval_len"])
+             if (g["status"] == "ok").any()}
+    grid = np.array([[cells[(s, n)][0] if (s, n) in cells else np.nan for n in lengths] for s in names])
+    fig, ax = plt.subplots(figsize=(1.2 * len(lengths) + 2.6, 0.55 * len(names) + 1.6))
     cmap = matplotlib.colormaps["RdYlGn"].with_extremes(bad="lightgrey")
     ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0, vmax=1, aspect="auto")
     for i in range(len(names)):
         for j in range(len(lengths)):
             v = grid[i, j]
             dark = not math.isnan(v) and (v < 0.15 or v > 0.85)  # the ends of the colour map
-            ax.text(j, i, "n/a" if math.isnan(v) else f"{100 * v:.0f}", ha="center", va="center",
-                    fontsize=9, color="white" if dark else "black")
+            colour = "white" if dark else "black"
+            if math.isnan(v):
+                ax.text(j, i, "n/a", ha="center", va="center", fontsize=9, color=colour)
+                continue
+            _, lo, hi, _ = cells[(names[i], lengths[j])]
+            ax.text(j, i - 0.12, f"{100 * v:.0f}", ha="center", va="center", fontsize=9, color=colour)
+            ax.text(j, i + 0.22, f"{100 * lo:.0f}–{100 * hi:.0f}", ha="center", va="center",
+                    fontsize=6, color=colour)
     ax.set_xticks(range(len(lengths)), [length_header(df, n) for n in lengths], fontsize=8)
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.set_xlabel("prompt length (tokens)")
@@ -213,7 +241,7 @@ def probes_markdown(rows, directory: Path) -> list[str]:
           "positions that far.", ""]
     for probe, g in sorted(df.groupby("probe")):
         specs = ", ".join(f"`{s}`" for s in sorted(g["spec"].unique()))
-        path = plot_probe_heatmap(g, directory / f"probe_{probe}.png", f"{probe} accuracy (%)")
+        path = plot_probe_heatmap(g, directory / f"probe_{probe}.png", f"{probe} accuracy, % (below: its 95% interval)")
         md += [f"### {probe}", "", f"Trained on {specs}.", "", markdown_table(*probe_grid(g)), "",
                f"![{path.stem}]({path.name})", ""]
     return md
@@ -238,8 +266,11 @@ def plot_extrapolation(rows, path: Path) -> Path:
     df = extrapolation_frame(rows).dropna(subset=["ppl"])
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for i, (name, g) in enumerate(sorted(df.groupby("label"))):
-        g = g.groupby("eval_len")["ppl"].mean()
-        ax.plot(g.index, g.values, label=name, **line_style(i))
+        lengths = sorted(g["eval_len"].unique())
+        mean, lo, hi = zip(*(ppl_interval(g[g["eval_len"] == n]) for n in lengths))
+        style = line_style(i)
+        ax.plot(lengths, mean, label=name, **style)
+        ax.fill_between(lengths, lo, hi, color=style["color"], alpha=0.18, linewidth=0)
     for n in sorted(df["train_len"].astype(int).unique()):
         ax.axvline(n, color="grey", linestyle="--", linewidth=1)
         ax.text(n, ax.get_ylim()[1], f" train {n}", va="top", fontsize=8, color="grey")
@@ -247,7 +278,8 @@ def plot_extrapolation(rows, path: Path) -> Path:
     ax.set_yscale("log")
     ax.set_xlabel("evaluation length (tokens)")
     ax.set_ylabel("perplexity")
-    ax.set_title("Length extrapolation")
+    ax.set_title("Length extrapolation (bands: 95% interval over seeds, or over windows for one seed)",
+                 fontsize=10)
     ax.legend(fontsize=8, ncol=2)
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()

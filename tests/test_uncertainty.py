@@ -98,6 +98,32 @@ def test_report_cells_show_seed_intervals_or_one_seed_as_such():
     assert accuracy_cell(two) == "60% [0, 100]"  # clipped to the possible range
 
 
+def test_plot_intervals_are_the_tables(tmp_path):
+    import pandas as pd
+
+    from posbench.report import accuracy_interval, plot_extrapolation, plot_probe_heatmap, ppl_interval
+
+    one = pd.DataFrame(strings([ext_row("a", 0, 64, 20.0, ppl_lo=18.0, ppl_hi=22.5)]))
+    one["ppl"] = pd.to_numeric(one["ppl"])
+    assert ppl_interval(one) == (20.0, 18.0, 22.5)  # one seed: the row's interval over windows
+    several = pd.DataFrame({"ppl": [10.0, 12.0, 14.0]})
+    mean, lo, hi = ppl_interval(several)  # 12 ± 4.303 * 2 / sqrt(3)
+    assert (mean, lo, hi) == pytest.approx((12.0, 12 - 4.968, 12 + 4.968), abs=1e-3)
+    assert accuracy_interval(pd.DataFrame(strings(acc_rows("a", 0, {64: 10})))) == pytest.approx(
+        (0.5, 0.2993, 0.7007, 1), abs=1e-4)
+    # the bands are drawn: a plot with intervals differs from one whose intervals are points
+    rows = [ext_row(s, 0, n, p, ppl_lo=p * 0.8, ppl_hi=p * 1.25)
+            for s, base in (("a", 20.0), ("b", 30.0)) for n, p in ((64, base), (128, base * 1.1))]
+    flat = [{**r, "ppl_lo": r["ppl"], "ppl_hi": r["ppl"]} for r in rows]
+    banded = plot_extrapolation(strings(rows), tmp_path / "banded.png").read_bytes()
+    assert banded != plot_extrapolation(strings(flat), tmp_path / "flat.png").read_bytes()
+    df = pd.DataFrame(strings(acc_rows("a", 0, {64: 10, 128: 0})))
+    df["label"] = "a"
+    df["eval_len"] = df["eval_len"].astype(int)
+    df["accuracy"] = pd.to_numeric(df["accuracy"])
+    assert plot_probe_heatmap(df, tmp_path / "heat.png", "t").stat().st_size > 1000
+
+
 def windows(directory, scheme, seed, losses, eval_len=64, task="t", start_step=64):
     results.merge_rows(directory, "windows", [
         {"run_id": f"{scheme}-{task}-{seed}", "task": task, "scheme": scheme, "seed": seed, "train_len": 64,
