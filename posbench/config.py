@@ -110,10 +110,10 @@ class Task:
     def train_for(self, spec: str) -> TrainConfig:
         """The training settings of runs on data `spec`: [train], with the keys of
         [probes.train.NAME] where `spec` is the documents of probe NAME."""
-        changes = self.probes.train.get(spec.partition(":")[0].strip())
+        name = spec.partition(":")[0].strip()
+        changes = self.probes.train.get(name)
         if not changes:
             return self.train
-        name = spec.partition(":")[0].strip()
         return build(TrainConfig, {**dataclasses.asdict(self.train), **changes}, f"probes.train.{name}")
 
 

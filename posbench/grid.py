@@ -32,8 +32,8 @@ def parse_shard(text: str | None) -> tuple[int, int]:
 def grid(task: Task) -> list[RunSpec]:
     """Every scheme x seed of the task on its data, then on every probe's documents with the
     probe's training settings (the randomized schemes of [probes] once more with randomized
-    positions), each run once, sorted by
-    run_id (the order shards slice). A probe named as the task's data shares its runs."""
+    positions), each run once, sorted by run_id (the order shards slice). A probe named as the
+    task's data shares its runs."""
     cells = [(task.data, s, task.train) for s in task.schemes]
     for name in task.probes.names:
         data = dataclasses.replace(task.data, spec=name)
