@@ -73,9 +73,12 @@ def find_runs(runs_dir: Path | str, schemes: list[str] | None = None) -> list[Pa
 
 
 def variants_for(spec: RunSpec, cfg: EvalConfig, layout) -> list[Variant]:
-    """The variants that apply to this run's schemes (others are skipped, not failed)."""
+    """The variants that apply to this run's schemes (others are skipped, not failed). RoPE
+    scalings skip a run trained on randomized positions: it saw positions up to randomize_max,
+    so rescaling by L_eval / L_train would move its positions away from the trained ones."""
+    scalable = layout.scalable and not spec.train.randomize_positions
     scalings = [RopeScaling(k, cfg.rope_scaling_factor, cfg.yarn_alpha, cfg.yarn_beta, cfg.llama3_low, cfg.llama3_high)
-                for k in cfg.rope_scaling] if layout.scalable else [RopeScaling()]
+                for k in cfg.rope_scaling] if scalable else [RopeScaling()]
     extensions = [e for e in cfg.learned_extension if e == "none" or e in layout.extensions] or ["none"]
     return [Variant(s, e) for s in dict.fromkeys(scalings) for e in dict.fromkeys(extensions)]
 

@@ -329,7 +329,9 @@ def test_probe_cli_scores_runs_of_the_probe(probe_run, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "copy: exact-match accuracy" in printed and "rope+yarn" in printed and "rope+randomized" in printed
     rows = results.read_rows(out / "probes.csv")
-    assert len(rows) == 2 * 2 * 2 and {r["trials"] for r in rows} == {"3"}  # runs x scalings x lengths
+    # (rope: 2 scalings, rope randomized: none only, as it saw positions to randomize_max) x lengths
+    assert len(rows) == (2 + 1) * 2 and {r["trials"] for r in rows} == {"3"}
+    assert {r["scaling"] for r in rows if r["position_draws"] != "0"} == {"none"}
     assert {r["probe"] for r in rows} == {"copy"} and {r["eval_len"] for r in rows} == {"128", "512"}
     assert main(args) == 0  # repeated: rows replaced, not duplicated
     assert len(results.read_rows(out / "probes.csv")) == len(rows)
