@@ -411,9 +411,14 @@ def write_report(directory: Path | str, tolerance: float | None = None, threshol
     md = ["# posbench report", ""]
     if not runs.empty:
         ok = runs[runs["status"] == "ok"]
+        # the probe documents a run was trained on, where probes.csv says (runs.csv does not)
+        data = {r["run_id"]: r.get("spec", "") for r in probes}
+        ok = ok.assign(label=[label(r) for r in ok.to_dict("records")],
+                       data=[data.get(r, "") for r in ok["run_id"]]).sort_values(["data", "label", "seed"])
         md += ["## Runs", "", markdown_table(
-            ["scheme", "seed", "train_len", "steps", "params", "val loss", "unigram", "tokens/s", "backend"],
-            [[r.scheme, r.seed, r.train_len, r.steps, r.n_params, _num(r.final_val_loss),
+            ["run", "scheme", "probe", "seed", "train_len", "steps", "params", "val loss", "unigram",
+             "tokens/s", "backend"],
+            [[r.run_id, r.label, r.data, r.seed, r.train_len, r.steps, r.n_params, _num(r.final_val_loss),
               _num(r.unigram_val_loss), _num(r.tokens_per_second, 0), r.backend] for r in ok.itertuples()]), ""]
         failed = runs[runs["status"] != "ok"]
         for r in failed.itertuples():
