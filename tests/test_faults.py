@@ -50,6 +50,25 @@ def uninterrupted(tiny_data, tmp_path_factory):
     return outcome(runs, tiny_spec(tiny_data))
 
 
+@pytest.fixture(autouse=True)
+def ctrl_c_reaches_python():
+    """Python's own Ctrl-C handler for every test here, whatever the shell that started pytest
+    chose (a non-interactive shell's `cmd &` ignores SIGINT, and training leaves an ignored
+    SIGINT ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_an_ignored_ctrl_c_stays_ignored(tiny_data, tmp_path, monkeypatch):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    spec = tiny_spec(tiny_data)
+    monkeypatch.setattr(*after(train_module, "sample_batch", 2))  # ignored: training runs to its end
+    train(spec, tmp_path, device="cpu", progress=False)
+    assert (tmp_path / spec.run_id / FINAL).exists()
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
 def ctrl_c(times: int = 1):
     for _ in range(times):
         signal.raise_signal(signal.SIGINT)
