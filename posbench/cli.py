@@ -277,7 +277,8 @@ def compare(
     from posbench.compare import compare as run_compare, diff_table
 
     cmp = run_compare(baseline, current, rtol)
-    console.print(diff_table(cmp, only_changes=not all_rows))
+    if all_rows or any(e["verdict"] != "same" for e in cmp.rows):  # no empty table when all agree
+        console.print(diff_table(cmp, only_changes=not all_rows))
     for warning in cmp.warnings:
         err.print(f"warning: {warning}", markup=False)
     same = sum(e["verdict"] == "same" for e in cmp.rows)

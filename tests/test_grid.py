@@ -124,6 +124,10 @@ def test_bad_shard(text, message):
 def test_compare_gate(full_run, tmp_path, capsys):
     base = full_run
     assert main(["compare", str(base), str(base)]) == 0
+    same = capsys.readouterr().out
+    assert "0 regressions" in same and "baseline vs current" not in same  # no empty table
+    assert main(["compare", str(base), str(base), "--all"]) == 0
+    assert "baseline vs current" in capsys.readouterr().out
     worse = tmp_path / "worse"
     worse.mkdir()
     rows = results.read_rows(base / "extrapolation.csv")
