@@ -379,7 +379,7 @@ def probe(
     """Synthetic probes: exact-match accuracy by prompt length of every run trained on a probe's
     documents; a table per probe, probes.csv and one heatmap per probe."""
     from posbench import probing, report, results
-    from posbench.probes import PROBES, parse_probe
+    from posbench.probes import PROBES, parse_probe, probe_name
 
     if list_:
         table = Table(title="posbench probes (data spec: NAME[:key=value,...])", show_lines=True)
@@ -400,7 +400,7 @@ def probe(
                          trials=trials, seed=seed)
     eval_cfg = config.replace(t.eval, rope_scaling=_split(rope_scaling), position_draws=position_draws)
     out_dir = out or runs_dir
-    rows = probing.evaluate(runs_dir, cfg, eval_cfg, tuple(n.partition(":")[0] for n in names),
+    rows = probing.evaluate(runs_dir, cfg, eval_cfg, tuple(probe_name(n) for n in names),
                             _scheme_names(scheme), out_dir, device, progress=sys.stderr.isatty())
     for table in report.probe_tables(rows):
         console.print(table)

@@ -110,7 +110,9 @@ class Task:
     def train_for(self, spec: str) -> TrainConfig:
         """The training settings of runs on data `spec`: [train], with the keys of
         [probes.train.NAME] where `spec` is the documents of probe NAME."""
-        name = spec.partition(":")[0].strip()
+        from posbench.probes import probe_name
+
+        name = probe_name(spec)
         changes = self.probes.train.get(name)
         if not changes:
             return self.train
@@ -259,7 +261,7 @@ def validate(obj) -> None:
         _positive(obj, "batch_size", "heads", "head_dim", "repeats")
         _choice("dtype", obj.dtype, DTYPES)
     elif isinstance(obj, ProbesConfig):
-        from posbench.probes import parse_probe
+        from posbench.probes import parse_probe, probe_name
         from posbench.schemes import get_scheme
 
         if obj.lengths:
@@ -270,7 +272,7 @@ def validate(obj) -> None:
         for name in obj.randomized:
             if not get_scheme(name).takes_positions:
                 raise PosbenchError(f"scheme {name!r} takes no integer positions to randomize")
-        named = {n.partition(":")[0].strip() for n in obj.names}
+        named = {probe_name(n) for n in obj.names}
         for name in obj.train:
             if name not in named:
                 raise did_you_mean(name, sorted(named), "probe in [probes.train] (not in [probes] names)")

@@ -26,7 +26,7 @@ from posbench.data import ByteTokenizer, load_tokenizer, load_tokens
 from posbench.errors import PosbenchError
 from posbench.evaluate import ATTN_BYTES, find_runs, variants_for
 from posbench.positions import evaluation_draws, evaluation_positions
-from posbench.probes import PROBES, Probe, Prompt, PromptMaker, parse_probe
+from posbench.probes import PROBES, Probe, Prompt, PromptMaker, parse_probe, probe_name
 from posbench.schemes import PositionLimitError
 from posbench.train import RunSpec, autocast, load_trained, resolve_device
 
@@ -40,7 +40,7 @@ def lengths_for(cfg: ProbesConfig, train_len: int) -> tuple[int, ...]:
 
 def probe_of(spec: RunSpec) -> Probe | None:
     """The probe whose documents the run was trained on, or None (a text corpus)."""
-    return parse_probe(spec.data.spec) if spec.data.spec.partition(":")[0] in PROBES else None
+    return parse_probe(spec.data.spec) if probe_name(spec.data.spec) in PROBES else None
 
 
 @torch.inference_mode()

@@ -9,9 +9,10 @@ module of this package is imported here, so a new probe needs only its class (de
 import importlib
 import pkgutil
 
-from posbench.probes.base import PROBES, Answer, Fill, Probe, Prompt, PromptMaker, Text, parse_probe
+from posbench.probes.base import (PROBES, Answer, Fill, Probe, Prompt, PromptMaker, Text, parse_probe,
+                                  probe_name)
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["PROBES", "Answer", "Fill", "Probe", "Prompt", "PromptMaker", "Text", "parse_probe"]
+__all__ = ["PROBES", "Answer", "Fill", "Probe", "Prompt", "PromptMaker", "Text", "parse_probe", "probe_name"]

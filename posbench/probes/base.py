@@ -283,9 +283,14 @@ def register(cls: type[Probe]) -> type[Probe]:
     return cls
 
 
+def probe_name(spec: str) -> str:
+    """The name part of a data spec ``NAME[:options]`` (a probe's name when it is one)."""
+    return spec.partition(":")[0].strip()
+
+
 def parse_probe(spec: str) -> Probe:
     """The probe of a data spec; one clear error for an unknown name or a bad option."""
-    name = spec.partition(":")[0].strip()
+    name = probe_name(spec)
     if name not in PROBES:
         raise did_you_mean(name, PROBES, "probe")
     return PROBES[name].parse(spec)
