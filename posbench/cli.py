@@ -128,9 +128,15 @@ def train(
     if row["status"] != "ok":
         console.print(f"{spec.run_id}: stopped early; continue with --resume")
         return
+    if row.get("final_val_accuracy") is not None:  # a probe: loss on answers, their accuracy in length
+        scored = f"validation accuracy {row['final_val_accuracy']:.1%} at {spec.train.train_len} tokens"
+    else:
+        scored = f"unigram model: {row['unigram_val_loss']:.4f}"
+    steps_run = row["stopped_at"] or row["steps"]
+    stopped = f" (stopped early at step {steps_run} of {row['steps']})" if row["stopped_at"] else ""
     console.print(
-        f"{spec.run_id}: {row['steps']} steps, train loss {row['final_train_loss']:.4f}, "
-        f"validation loss {row['final_val_loss']:.4f} (unigram model: {row['unigram_val_loss']:.4f}), "
+        f"{spec.run_id}: {steps_run} steps{stopped}, train loss {row['final_train_loss']:.4f}, "
+        f"validation loss {row['final_val_loss']:.4f} ({scored}), "
         f"{row['tokens_per_second']:,.0f} tokens/s, {row['train_seconds']:.1f} s -> {result.run_dir}"
     )
 
@@ -376,8 +382,8 @@ def probe(
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     out: Optional[Path] = typer.Option(None, help="where probes.csv and heatmaps go (default: the runs directory)"),
 ):
-    """Synthetic probes: exact-match accuracy by prompt length of every run trained on a probe's
-    documents; a table per probe, probes.csv and one heatmap per probe."""
+    """Synthetic probes: per-answer accuracy and exact match by prompt length of every run trained
+    on a probe's examples; a table per probe, probes.csv and one heatmap per probe."""
     from posbench import probing, report, results
     from posbench.probes import PROBES, parse_probe, probe_name
 

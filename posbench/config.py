@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from posbench.data import DataConfig
-from posbench.effective import THRESHOLD, TOLERANCE
+from posbench.effective import LEARNED, THRESHOLD, TOLERANCE
 from posbench.errors import PosbenchError, did_you_mean
 from posbench.model import ModelConfig
 
@@ -42,6 +42,7 @@ class TrainConfig:
     checkpoint_interval: int = 100
     randomize_positions: bool = False
     randomize_max: int = 2048  # L_max of randomized positions (Ruoss et al.)
+    stop_accuracy: float = 0.0  # probes: stop once the validation accuracy reaches it (0: never)
     dtype: str = "float32"
     compile: str = "auto"
 
@@ -63,7 +64,8 @@ class EvalConfig:
     position_buckets: int = 16
     position_draws: int = 4  # randomized runs: position draws averaged per length (posbench.positions)
     effective_tolerance: float = TOLERANCE  # effective length: perplexity within this of in-distribution
-    effective_threshold: float = THRESHOLD  # effective length of probes: accuracy at least this
+    effective_threshold: float = THRESHOLD  # effective length of probes: accuracy this far from chance to 1
+    learned_threshold: float = LEARNED  # probes: in-length accuracy below it reads `not learned`
 
 
 @dataclass(frozen=True)
@@ -80,11 +82,11 @@ class SpeedConfig:
 @dataclass(frozen=True)
 class ProbesConfig:
     """Synthetic probes (posbench.probes): one model per probe x scheme x seed, trained on the
-    probe's documents, scored by exact-match accuracy per prompt length."""
+    probe's examples, scored by per-answer accuracy and exact match per prompt length."""
 
     names: tuple[str, ...] = ()  # probe data specs, e.g. "passkey", "copy:size=1-40"; empty: none
     lengths: tuple[int, ...] = ()  # empty: 1x, 2x, 4x and 8x each run's training length
-    trials: int = 20  # prompts per (length, variant)
+    trials: int = 100  # prompts per (length, variant)
     seed: int = 0  # of the prompts: every scheme answers the same ones
     randomized: tuple[str, ...] = ()  # schemes also trained with randomized positions (Ruoss et al.)
     # probe name -> [train] keys that differ for the runs on that probe's documents
@@ -230,6 +232,8 @@ def validate(obj) -> None:
         _choice("compile", obj.compile, COMPILE)
         if obj.randomize_positions and obj.randomize_max < obj.train_len:
             raise PosbenchError("randomize_max must be at least train_len")
+        if not 0 <= obj.stop_accuracy <= 1:
+            raise PosbenchError(f"stop_accuracy must be in 0..1 (0: never stop early), got {obj.stop_accuracy}")
     elif isinstance(obj, EvalConfig):
         check_lengths(obj.lengths)
         _positive(obj, "tokens", "batch_tokens", "position_buckets", "position_draws", "yarn_alpha",
@@ -253,6 +257,8 @@ def validate(obj) -> None:
             raise PosbenchError(f"effective_tolerance must be >= 0, got {obj.effective_tolerance}")
         if not 0 <= obj.effective_threshold <= 1:
             raise PosbenchError(f"effective_threshold must be in [0, 1], got {obj.effective_threshold}")
+        if not 0 <= obj.learned_threshold <= 1:
+            raise PosbenchError(f"learned_threshold must be in [0, 1], got {obj.learned_threshold}")
         extensions = {"none", *(e for cls in SCHEMES.values() for e in cls.extensions)}
         for name in obj.learned_extension:
             _choice("learned extension", name, extensions)

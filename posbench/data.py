@@ -4,8 +4,9 @@ A data SPEC is one of:
 - ``pystdlib``: the running Python's standard-library ``.py`` files (no site-/dist-packages),
 - ``files:PATH_OR_GLOB``: the user's plain-text files, loaded through ``datasets``,
 - ``hf:NAME[:CONFIG]``: a Hugging Face dataset through ``datasets`` (a local dataset folder works).
-- ``PROBE[:OPTIONS]``: the generated training documents of a synthetic probe (``passkey``,
-  ``copy:size=1-40``, ...; posbench.probes, `posbench probe --list`).
+- ``PROBE[:OPTIONS]``: a synthetic probe (``passkey``, ``mqar:spacing=8``, ...; posbench.probes,
+  `posbench probe --list`), whose runs train on its examples in the probe family's symbol
+  vocabulary (posbench.batches), not on text: it has no corpus or tokenizer here.
 
 Splits are deterministic: by a hash of each document's name when there are enough documents,
 otherwise by contiguous ranges of the text (90/5/5). The tokenizer is a byte-level BPE trained on
@@ -30,7 +31,8 @@ import numpy as np
 import torch
 
 from posbench.errors import PosbenchError
-from posbench.probes import PROBES, parse_probe
+from posbench.probes import PROBES, TOKENIZER, parse_probe, probe_name
+from posbench.probes.symbols import SYMBOLS
 
 SPLITS = ("train", "valid", "test")
 EOS = "<|endoftext|>"
@@ -39,9 +41,27 @@ CACHE_FORMAT = 1
 
 @dataclass(frozen=True)
 class DataConfig:
+    """A probe's data always takes the probe family's symbol vocabulary, whatever was asked."""
+
     spec: str = "pystdlib"
-    tokenizer: str = "bpe"  # bpe | bytes
+    tokenizer: str = "bpe"  # bpe | bytes | symbols (probes)
     vocab_size: int = 2048  # bpe only
+
+    def __post_init__(self):
+        if is_probe(self):
+            object.__setattr__(self, "tokenizer", "symbols")
+            object.__setattr__(self, "vocab_size", TOKENIZER.vocab_size)
+
+
+def is_probe(cfg: DataConfig) -> bool:
+    return isinstance(cfg.spec, str) and probe_name(cfg.spec) in PROBES
+
+
+def probe_corpus(cfg: DataConfig) -> tuple[int, str]:
+    """A probe run's vocabulary size and fingerprint (of the vocabulary and the probe's settings)."""
+    probe = parse_probe(cfg.spec)
+    key = f"{TOKENIZER.name}|{' '.join(SYMBOLS)}|{probe.name}:{probe.settings()}"
+    return TOKENIZER.vocab_size, f"{TOKENIZER.name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
 @dataclass
@@ -237,8 +257,8 @@ def load_corpus(spec: str) -> Corpus:
         name, _, config = rest.partition(":")
         return load_hf(name, config or None)
     if kind in PROBES:
-        names, docs = parse_probe(spec).documents()
-        return Corpus(spec, _fingerprint(names, [d.encode() for d in docs]), split_documents(names, docs))
+        raise PosbenchError(f"{spec!r} is a probe: its runs train on its examples and are scored with "
+                            "`posbench probe`, not on a text corpus")
     raise PosbenchError(
         f"unknown data spec {spec!r}: use pystdlib, files:PATH_OR_GLOB, hf:NAME[:CONFIG] or a probe "
         f"({', '.join(sorted(PROBES))})[:OPTIONS]"
@@ -311,7 +331,9 @@ def tokenizer_label(cfg: DataConfig) -> str:
         return "bytes"
     if cfg.tokenizer == "bpe":
         return f"bpe{cfg.vocab_size}"
-    raise PosbenchError(f"unknown tokenizer {cfg.tokenizer!r}: use bpe or bytes")
+    if cfg.tokenizer == "symbols" and is_probe(cfg):
+        return TOKENIZER.name
+    raise PosbenchError(f"unknown tokenizer {cfg.tokenizer!r}: use bpe or bytes (probes: symbols)")
 
 
 def cache_dir() -> Path:

@@ -9,8 +9,12 @@ evaluated length up to which the model still does what it does in-distribution.
   effective length is the last length before the first one that fails ("stays": contiguous from
   the training length up, so a later recovery does not count).
 - Accuracy (probes.csv; one protocol per probe): the same walk from the first evaluated length at
-  or above the training length, a length passing when its accuracy, pooled over the probe's
-  variants such as key depths (hits / attempts), is at least the threshold.
+  or above the training length, a length passing when its per-answer accuracy, pooled over the
+  probe's variants such as key depths (right answers / answers), is at least the criterion
+  chance + threshold x (1 - chance): the threshold is read as the share of the way from the probe's
+  chance level to perfect, so a binary answer (parity) does not pass by guessing. A run that did
+  not learn the probe in length (probes.csv status `not learned`) has no effective length: its row
+  says `not learned`.
 
 `status` says how to read a row: `ok`, the walk stopped inside the evaluated range; `censored`,
 every length passed, so the effective length is at least the longest evaluated one (written
@@ -27,7 +31,8 @@ from pathlib import Path
 from posbench import results
 
 TOLERANCE = 0.10  # perplexity within 10% of its in-distribution value (the task's default too)
-THRESHOLD = 0.5  # accuracy at least 50%
+THRESHOLD = 0.5  # accuracy at least half-way from chance to 100%
+LEARNED = 0.9  # probes: accuracy at the training length below this is `not learned`
 RUN_COLUMNS = ("run_id", "task", "scheme", "params", "seed", "train_len")
 
 
@@ -107,23 +112,29 @@ def accuracy_rows(rows: list[dict], threshold: float = THRESHOLD) -> list[dict]:
         first = next(iter(by_len.values()))[0]
         train_len = int(first["train_len"])
         lengths = sorted(by_len)
+        criterion = criterion_for(threshold, _number(first.get("chance")))
         accuracy = [(n, _pooled(by_len[n])) for n in lengths if n >= train_len]
-        effective, status = _walk([(n, acc >= threshold) for n, acc in accuracy])
         reference = accuracy[0][1] if accuracy else math.nan
-        out.append(_row(first, "accuracy", probe, reference, threshold, lengths, effective, status))
+        if any(r["status"] == "not learned" for rs in by_len.values() for r in rs):
+            out.append(_row(first, "accuracy", probe, reference, criterion, lengths, None, "not learned"))
+            continue
+        effective, status = _walk([(n, acc >= criterion) for n, acc in accuracy])
+        out.append(_row(first, "accuracy", probe, reference, criterion, lengths, effective, status))
     return out
 
 
-def attempts(row: dict) -> float:
-    """The prompts an accuracy row scored: trials, once per position draw (randomized runs)."""
-    return _number(row["trials"]) * max(1.0, _number(row.get("position_draws") or 0))
+def criterion_for(threshold: float, chance: float) -> float:
+    """The accuracy a length must reach: `threshold` of the way from chance to 1 (chance 0 when a
+    row declares none)."""
+    chance = 0.0 if math.isnan(chance) else chance
+    return chance + threshold * (1 - chance)
 
 
 def _pooled(rows: list[dict]) -> float:
-    """Accuracy of rows pooled (total hits / total attempts); NaN when any row is not ok."""
-    if any(r["status"] != "ok" for r in rows):
+    """Per-answer accuracy of rows pooled (right answers / answers); NaN when a row is unsupported."""
+    if any(r["status"] not in ("ok", "not learned") for r in rows):
         return math.nan
-    total = sum(attempts(r) for r in rows)
+    total = sum(_number(r["answers"]) for r in rows)
     return sum(_number(r["hits"]) for r in rows) / total if total else math.nan
 
 

@@ -28,6 +28,7 @@ of two models on the same windows (posbench.paired).
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ from posbench.data import TokenData, load_tokens
 from posbench.errors import PosbenchError
 from posbench.layout import run_prefix
 from posbench.positions import evaluation_draws, evaluation_positions
+from posbench.probes import PROBES, probe_name
 from posbench.schemes import PositionLimitError
 from posbench.schemes.rotary import RopeScaling
 from posbench.train import FINAL, RunSpec, autocast, load_trained, resolve_device
@@ -70,6 +72,15 @@ def find_runs(runs_dir: Path | str, schemes: list[str] | None = None) -> list[Pa
         prefixes = {run_prefix(s) for s in schemes}
         found = [p for p in found if p.name.rsplit("-", 1)[0] in prefixes]
     return found
+
+
+def on_probe(run_dir: Path) -> bool:
+    """Whether a run trained on a probe's examples (its config names a probe as its data)."""
+    try:
+        spec = json.loads((Path(run_dir) / "config.json").read_text())["data"]["spec"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # a damaged config fails with its own message where the run is loaded
+    return isinstance(spec, str) and probe_name(spec) in PROBES
 
 
 def variants_for(spec: RunSpec, cfg: EvalConfig, layout) -> list[Variant]:
@@ -259,9 +270,12 @@ def extrapolate(runs_dir: Path | str, cfg: EvalConfig, schemes: list[str] | None
                 runs: list[Path] | None = None) -> list[dict]:
     """Evaluate every finished run (or those of `schemes`); merge rows into out/*.csv."""
     runs = find_runs(runs_dir, schemes) if runs is None else runs
+    found = len(runs)
+    runs = [r for r in runs if not on_probe(r)]  # scored by `posbench probe`, not by perplexity
     if not runs:
         named = f" of schemes {', '.join(schemes)}" if schemes else ""
-        raise PosbenchError(f"no trained runs{named} in {runs_dir}; run `posbench train` first")
+        probes = f" ({found} trained on probes: score them with `posbench probe`)" if found else ""
+        raise PosbenchError(f"no trained runs{named} on text in {runs_dir}{probes}; run `posbench train` first")
     out = Path(out or runs_dir)
     for table in ("windows", "extrapolation", "positions"):  # a damaged table fails before any is written
         results.read_rows(results.table_path(out, table))

@@ -1,52 +1,61 @@
 """Scoring trained runs on synthetic probes (posbench.probes): probes.csv rows.
 
-A run is scored on the probe whose documents it was trained on (its data spec), at every length
-(1x, 2x, 4x and 8x its training length unless the task names lengths) and variant (passkey: the
-key depth). A trial is a prompt of exactly L tokens, answer included, built in the run's own
-tokenizer. The model reads it in one forward (teacher forcing), and a hit is every answer token
-being the model's argmax given the tokens before it: for a causal model that is exactly whether
-greedy decoding, which copies the given tokens between answers, spells the whole answer, at one
-forward instead of one per answer token. accuracy = hits / trials per (run, length, variant).
-Prompts come from a generator seeded by the probe, the seed, the length and the variant, so
-every scheme answers the same prompts. A randomized run reads every prompt once per position draw
-(`posbench.positions.evaluation_positions`, as perplexity does): hits then count over the
-`position_draws` draws and accuracy = hits / (trials x draws).
+A run is scored on the probe whose examples it was trained on (its data spec), at every length
+(1x, 2x, 4x and 8x its training length unless the task names lengths; the training length always)
+and variant (passkey: the key depth). A trial is a prompt of exactly L tokens, answers included,
+made by the generator that made the training examples. The model reads it in one forward (teacher
+forcing); an answer is right when every one of its tokens is the model's argmax given the tokens
+before it, which for a causal model is whether greedy decoding, given the tokens between answers,
+spells it. Two verdicts per cell, each with its Wilson interval over its own count:
+`accuracy` = right answers / answers (each queried value or output digit its own verdict, as
+Zoology's per-query accuracy and RULER's string_match_all), and `exact_match` = prompts with every
+answer right / prompts. `chance` is the probe's declared chance level per answer.
+
+Learned in length, or not: a run (per eval-time variant) whose accuracy at its training length,
+pooled over the probe's variants, is below `learned_threshold` did not learn the probe; every row of
+it says `not learned` in `status` and keeps its numbers, and no extrapolation reading is drawn from
+it (effective length, report).
+
+Prompts come from a generator seeded by the probe, the seed, the length and the variant, so every
+scheme answers the same prompts. A randomized run reads every prompt once per position draw
+(`posbench.positions.evaluation_positions`, as perplexity does); counts then pool the draws.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from posbench import results, stats
 from posbench.config import EvalConfig, ProbesConfig
-from posbench.data import ByteTokenizer, load_tokenizer, load_tokens
+from posbench.data import probe_corpus
 from posbench.errors import PosbenchError
 from posbench.evaluate import ATTN_BYTES, find_runs, variants_for
 from posbench.positions import evaluation_draws, evaluation_positions
-from posbench.probes import PROBES, Probe, Prompt, PromptMaker, parse_probe, probe_name
+from posbench.probes import PROBES, Example, Probe, parse_probe, probe_name
 from posbench.schemes import PositionLimitError
 from posbench.train import RunSpec, autocast, load_trained, resolve_device
 
 RATIOS = (1, 2, 4, 8)  # prompt lengths, in training lengths, when the config names none
 MAX_BATCH = 64
+NOT_LEARNED = "not learned"
 
 
 def lengths_for(cfg: ProbesConfig, train_len: int) -> tuple[int, ...]:
-    return cfg.lengths or tuple(r * train_len for r in RATIOS)
+    """The prompt lengths of a run: the configured ones (or 1x..8x), and the training length."""
+    return tuple(sorted({train_len, *(cfg.lengths or (r * train_len for r in RATIOS))}))
 
 
 def probe_of(spec: RunSpec) -> Probe | None:
-    """The probe whose documents the run was trained on, or None (a text corpus)."""
+    """The probe whose examples the run was trained on, or None (a text corpus)."""
     return parse_probe(spec.data.spec) if probe_name(spec.data.spec) in PROBES else None
 
 
 @torch.inference_mode()
-def verdicts(model, prompts: list[Prompt], device, dtype: str = "float32",
-             positions: torch.Tensor | None = None) -> list[bool]:
-    """Whether the model's greedy answer to each prompt (all of one length) is the answer;
+def verdicts(model, prompts: list[Example], device, dtype: str = "float32",
+             positions: torch.Tensor | None = None) -> list[list[bool]]:
+    """Per prompt (all of one length), whether each of its answers is the model's greedy answer;
     `positions` (L,) the prompts' positions (None: 0..L-1)."""
     length = len(prompts[0].tokens)
     per = max(1, min(MAX_BATCH, ATTN_BYTES // (4 * model.cfg.n_heads * length * length)))
@@ -57,25 +66,40 @@ def verdicts(model, prompts: list[Prompt], device, dtype: str = "float32",
         tokens = torch.tensor([p.tokens for p in chunk], device=device)  # (B, L)
         with autocast(device, dtype):
             guess = model(tokens, positions).argmax(-1)  # (B, L): guess[:, p] predicts tokens[:, p + 1]
-        for b, p in enumerate(chunk):
-            at = torch.tensor(p.answer, device=device)
-            out.append(bool((guess[b, at - 1] == tokens[b, at]).all()))
+        hit = (guess[:, :-1] == tokens[:, 1:]).cpu()  # (B, L - 1): hit[:, p - 1] judges token p
+        out += [[bool(hit[b, torch.tensor(a) - 1].all()) for a in p.answers] for b, p in enumerate(chunk)]
     return out
 
 
-def run_tokenizer(run_dir: Path, spec: RunSpec):
-    """The tokenizer the run was trained with, and its corpus fingerprint."""
-    try:
-        fingerprint = json.loads((Path(run_dir) / "config.json").read_text()).get("corpus", "")
-    except (OSError, ValueError) as e:
-        raise PosbenchError(f"unreadable run config in {run_dir}: {e}") from None
-    if spec.data.tokenizer == "bytes":
-        return ByteTokenizer(), fingerprint
-    try:
-        return load_tokenizer(spec.data, fingerprint), fingerprint
-    except Exception:  # the tokenizer cache is gone (another machine): rebuild it from the corpus
-        data = load_tokens(spec.data)
-        return load_tokenizer(spec.data, data.fingerprint), data.fingerprint
+def counts(per_prompt: list[list[bool]]) -> dict[str, int]:
+    """The answers, right answers, prompts and wholly right prompts of a cell's verdicts."""
+    return {"answers": sum(len(v) for v in per_prompt), "hits": sum(sum(v) for v in per_prompt),
+            "trials": len(per_prompt), "exact": sum(all(v) for v in per_prompt)}
+
+
+def verdict_columns(c: dict[str, int]) -> dict[str, float]:
+    """accuracy and exact_match of a cell's counts, each with its Wilson 95% interval."""
+    acc = stats.accuracy_columns(c["hits"], c["answers"])
+    em_lo, em_hi = stats.wilson(c["exact"], c["trials"])
+    return {"accuracy": c["hits"] / c["answers"], **acc,
+            "exact_match": c["exact"] / c["trials"], "em_lo": em_lo, "em_hi": em_hi}
+
+
+def gate(rows: list[dict], threshold: float) -> list[dict]:
+    """`not learned` on every row of an eval-time variant whose pooled in-length accuracy (at
+    train_len) is below `threshold`."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["scaling"], r["extension"]), []).append(r)
+    for group in groups.values():
+        home = [r for r in group if r["eval_len"] == r["train_len"] and r["status"] == "ok"]
+        answers = sum(r["answers"] for r in home)
+        if home and sum(r["hits"] for r in home) / answers < threshold:
+            for r in group:
+                if r["status"] == "ok":
+                    r["status"], r["reason"] = NOT_LEARNED, (
+                        f"accuracy at the training length below {threshold:g}: no extrapolation reading")
+    return rows
 
 
 def row_keys(spec: RunSpec, cfg: ProbesConfig, eval_cfg: EvalConfig, layout) -> set[tuple[str, ...]]:
@@ -95,43 +119,44 @@ def evaluate_run(run_dir: Path, cfg: ProbesConfig, eval_cfg: EvalConfig, device:
     spec, model, _ = load_trained(run_dir, dev)
     probe = probe_of(spec)
     if probe is None:
-        raise PosbenchError(f"run {spec.run_id} was trained on {spec.data.spec!r}, not on a probe's documents")
-    tokenizer, fingerprint = run_tokenizer(run_dir, spec)
-    maker = PromptMaker(tokenizer)
+        raise PosbenchError(f"run {spec.run_id} was trained on {spec.data.spec!r}, not on a probe's examples")
     lengths = lengths_for(cfg, spec.train.train_len)
     variants = probe.variants()
     # Every prompt first: a length too short for the prompt fails before any model runs.
-    cells = {(n, v): probe.prompts(maker, n, v, cfg.trials, cfg.seed) for n in lengths for v in variants}
+    cells = {(n, v): probe.prompts(n, v, cfg.trials, cfg.seed) for n in lengths for v in variants}
     base = {
         "run_id": spec.run_id, "task": task or spec.task, "probe": probe.name, "spec": spec.data.spec,
         "scheme": spec.scheme, "params": model.layout.describe(), "seed": spec.seed,
-        "train_len": spec.train.train_len, "trials": cfg.trials,
+        "train_len": spec.train.train_len, "chance": probe.chance,
         "position_draws": evaluation_draws(spec.train, eval_cfg.position_draws),
-        **results.provenance(dev.type, spec.train.dtype, fingerprint),
+        **results.provenance(dev.type, spec.train.dtype, probe_corpus(spec.data)[1]),
     }
     draws = max(1, base["position_draws"])
     rows = []
     for variant in variants_for(spec, eval_cfg, model.layout):
         model.layout.set_scaling(variant.scaling)
         model.layout.set_extension(variant.extension)
+        group = []
         for length in lengths:
             common = {**base, "eval_len": length, "ratio": length / spec.train.train_len,
                       "scaling": variant.scaling_label, "extension": variant.extension,
                       "backend": model.layout.backends(dev, model.backend)}
             labels = [probe.variant_label(v) for v in variants]
             prompts = [p for v in variants for p in cells[(length, v)]]
-            hit = [0] * len(prompts)
+            judged: list[list[bool]] = []
             try:  # every variant of a length in one batch, once per position draw
                 for draw in range(draws):
                     pos = evaluation_positions(spec.train, length, draw)
-                    hit = [h + v for h, v in zip(hit, verdicts(model, prompts, dev, spec.train.dtype, pos))]
+                    judged.append(verdicts(model, prompts, dev, spec.train.dtype, pos))
             except PositionLimitError as e:
-                rows += [{**common, "variant": lab, "status": "unsupported", "reason": str(e)} for lab in labels]
+                group += [{**common, "variant": lab, "trials": cfg.trials, "status": "unsupported",
+                           "reason": str(e)} for lab in labels]
                 continue
             for k, lab in enumerate(labels):
-                hits = sum(hit[k * cfg.trials: (k + 1) * cfg.trials])
-                rows.append({**common, "variant": lab, "hits": hits, "accuracy": hits / (cfg.trials * draws),
-                             **stats.accuracy_columns(hits, cfg.trials * draws), "status": "ok", "reason": ""})
+                cell = counts([v for d in judged for v in d[k * cfg.trials: (k + 1) * cfg.trials]])
+                group.append({**common, "variant": lab, **cell, "trials": cfg.trials,
+                              **verdict_columns(cell), "status": "ok", "reason": ""})
+        rows += gate(group, eval_cfg.learned_threshold)
     return rows
 
 

@@ -84,6 +84,7 @@ def label_grid(df: pd.DataFrame, value: str, fmt) -> tuple[list[int], list[list[
     return lengths, out
 
 
+NOT_LEARNED = "not learned"  # probes.csv status of a run below the learned threshold in length
 SEED_NOTE = "several seeds: mean [95% t-interval over seeds]; one seed: {within}"
 
 
@@ -109,17 +110,20 @@ def ppl_grid(rows, mark) -> tuple[list[int], list[list[str]]]:
 PPL_NOTE = SEED_NOTE.format(within="± standard error over windows")
 
 
+SCORED = ("ok", NOT_LEARNED)  # rows with numbers (a not-learned run keeps its numbers)
+
+
 def accuracy_interval(g: pd.DataFrame) -> tuple[float, float, float, int]:
-    """Accuracy of one label and length, hits and attempts (trials x position draws) pooled over
-    the other columns (depth, variant) within each run: (mean, lo, hi, seeds), the 95% t-interval
-    over seeds (clipped to [0, 1]) when several, the Wilson interval over its trials when one."""
-    ok = g[g["status"] == "ok"]
-    ok = ok.assign(trials=ok.apply(effective.attempts, axis=1), hits=pd.to_numeric(ok["hits"]))
-    per_run = ok.groupby("run_id")[["hits", "trials"]].sum()
-    iv = stats.mean_interval(per_run["hits"] / per_run["trials"])
+    """Per-answer accuracy of one label and length, right answers and answers pooled over the
+    other columns (depth, variant) within each run: (mean, lo, hi, seeds), the 95% t-interval
+    over seeds (clipped to [0, 1]) when several, the Wilson interval over its answers when one."""
+    ok = g[g["status"].isin(SCORED)]
+    ok = ok.assign(answers=pd.to_numeric(ok["answers"]), hits=pd.to_numeric(ok["hits"]))
+    per_run = ok.groupby("run_id")[["hits", "answers"]].sum()
+    iv = stats.mean_interval(per_run["hits"] / per_run["answers"])
     if iv.n > 1:
         return iv.mean, max(iv.lo, 0.0), min(iv.hi, 1.0), iv.n
-    lo, hi = stats.wilson(int(per_run["hits"].iloc[0]), int(per_run["trials"].iloc[0]))
+    lo, hi = stats.wilson(int(per_run["hits"].iloc[0]), int(per_run["answers"].iloc[0]))
     return iv.mean, lo, hi, iv.n
 
 
@@ -143,7 +147,19 @@ def ppl_interval(g: pd.DataFrame) -> tuple[float, float, float]:
     return (iv.mean, *(float(b) for b in bounds))
 
 
-ACCURACY_NOTE = SEED_NOTE.format(within="(Wilson 95% interval over its trials)")
+ACCURACY_NOTE = SEED_NOTE.format(within="(Wilson 95% interval over its answers)")
+NOT_LEARNED_LABEL = " - not learned in length"
+NOT_LEARNED_NOTE = (f"a row marked `{NOT_LEARNED_LABEL.strip(' -')}` stayed below the learned threshold at its "
+                    "training length: its longer cells are numbers, not an extrapolation verdict")
+
+
+def probe_frame(rows) -> pd.DataFrame:
+    """probes.csv rows labelled as other results, a run that did not learn its probe in length
+    marked in its label (tables and heatmaps say so on its row)."""
+    df = labelled_frame(rows, "accuracy")
+    missed = set(df.loc[df["status"] == NOT_LEARNED, "run_id"])
+    df["label"] = [lab + NOT_LEARNED_LABEL if run in missed else lab for lab, run in zip(df["label"], df["run_id"])]
+    return df
 
 
 def ppl_table(rows, title: str = "perplexity (lower is better)", effective_lengths: dict | None = None) -> Table:
@@ -178,13 +194,13 @@ def probe_grid(df: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
 
 def probe_tables(rows) -> list[Table]:
     """One rich table per probe."""
-    df = labelled_frame(rows, "accuracy")
+    df = probe_frame(rows)
     tables = []
     for probe, g in sorted(df.groupby("probe")):
         headers, body = probe_grid(g)
         train = ", ".join(map(str, sorted(g["train_len"].astype(int).unique())))
-        table = Table(title=f"{probe}: exact-match accuracy (higher is better); trained at {train}",
-                      caption=ACCURACY_NOTE)
+        table = Table(title=f"{probe}: per-answer accuracy (higher is better); trained at {train}",
+                      caption=f"{ACCURACY_NOTE}; {NOT_LEARNED_NOTE}")
         for i, h in enumerate(headers):
             table.add_column(h, justify="right" if i else "left")
         for cells in body:
@@ -205,7 +221,7 @@ def plot_probe_heatmap(df: pd.DataFrame, path: Path, title: str) -> Path:
     lengths = sorted(df["eval_len"].unique())
     names = sorted(df["label"].unique(), key=lambda s: (s.split("+")[0], s))
     cells = {key: accuracy_interval(g) for key, g in df.groupby(["label", "eval_len"])
-             if (g["status"] == "ok").any()}
+             if g["status"].isin(SCORED).any()}
     grid = np.array([[cells[(s, n)][0] if (s, n) in cells else np.nan for n in lengths] for s in names])
     fig, ax = plt.subplots(figsize=(1.2 * len(lengths) + 2.6, 0.55 * len(names) + 1.6))
     cmap = matplotlib.colormaps["RdYlGn"].with_extremes(bad="lightgrey")
@@ -224,6 +240,10 @@ def plot_probe_heatmap(df: pd.DataFrame, path: Path, title: str) -> Path:
                     fontsize=6, color=colour)
     ax.set_xticks(range(len(lengths)), [length_header(df, n) for n in lengths], fontsize=8)
     ax.set_yticks(range(len(names)), names, fontsize=8)
+    for i, name in enumerate(names):  # a run that did not learn the probe: its row hatched
+        if name.endswith(NOT_LEARNED_LABEL):
+            ax.add_patch(matplotlib.patches.Rectangle((-0.5, i - 0.5), len(lengths), 1, fill=False,
+                                                      hatch="//", edgecolor="grey", linewidth=0))
     ax.set_xlabel("prompt length (tokens)")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
@@ -235,14 +255,19 @@ def plot_probe_heatmap(df: pd.DataFrame, path: Path, title: str) -> Path:
 
 def probes_markdown(rows, directory: Path) -> list[str]:
     """report.md's probe section: per probe a table and a heatmap (probe_<name>.png)."""
-    df = labelled_frame(rows, "accuracy")
-    md = ["## Probes", "", "Exact-match accuracy (higher is better) per prompt length, pooled over the "
+    df = probe_frame(rows)
+    md = ["## Probes", "", "Per-answer accuracy (higher is better) per prompt length, pooled over the "
           f"probe's variants (e.g. key depths); {ACCURACY_NOTE}; `unsupported`: the scheme has no "
-          "positions that far.", ""]
+          f"positions that far; {NOT_LEARNED_NOTE}.", ""]
     for probe, g in sorted(df.groupby("probe")):
         specs = ", ".join(f"`{s}`" for s in sorted(g["spec"].unique()))
         path = plot_probe_heatmap(g, directory / f"probe_{probe}.png", f"{probe} accuracy, % (below: its 95% interval)")
-        md += [f"### {probe}", "", f"Trained on {specs}.", "", markdown_table(*probe_grid(g)), "",
+        chance = pd.to_numeric(g.get("chance"), errors="coerce").max()
+        level = f" Chance per answer: {100 * chance:.3g}%." if chance == chance else ""
+        missed = sorted(g.loc[g["label"].str.endswith(NOT_LEARNED_LABEL), "label"].unique())
+        verdict = (" Not learned in length (no extrapolation reading): " + ", ".join(
+            m[: -len(NOT_LEARNED_LABEL)] for m in missed) + ".") if missed else ""
+        md += [f"### {probe}", "", f"Trained on {specs}.{level}{verdict}", "", markdown_table(*probe_grid(g)), "",
                f"![{path.stem}]({path.name})", ""]
     return md
 
@@ -360,6 +385,8 @@ def speed_markdown(df: pd.DataFrame) -> str:
 
 def effective_text(row: dict) -> str:
     """One run's effective length for a table: 256 (4x), >=1024 (16x) when censored, - when none."""
+    if row["status"] == NOT_LEARNED:
+        return NOT_LEARNED
     if row["status"] == "no reference" or row.get("effective_len") in (None, ""):
         return "-"
     n, ratio = int(row["effective_len"]), float(row["ratio"])
@@ -443,8 +470,9 @@ def write_report(directory: Path | str, tolerance: float | None = None, threshol
     if eff:
         md += ["## Effective length", "", f"Per run, the longest evaluated length from the training length "
                f"up at which perplexity stays within {tolerance:.0%} of its value at the training length, "
-               f"or probe accuracy at least {threshold:.0%} (≥: held to the longest length evaluated; "
-               "-: no in-distribution value or already below; one value per seed when they differ).",
+               f"or probe accuracy at least {threshold:.0%} of the way from chance to 100% (≥: held to the "
+               "longest length evaluated; -: no in-distribution value or already below; `not learned`: "
+               "below the learned threshold at the training length; one value per seed when they differ).",
                "", effective_markdown(eff), ""]
     if not speed.empty:
         md += ["## Attention cost", "", speed_markdown(speed), ""]

@@ -32,7 +32,7 @@ TABLES: dict[str, dict[str, list[str]]] = {
     "runs": {
         "key": ["run_id"],
         "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "randomized",
-                    "steps", "tokens", "n_params", "final_train_loss", "final_val_loss",
+                    "steps", "stopped_at", "tokens", "n_params", "final_train_loss", "final_val_loss", "final_val_accuracy",
                     "unigram_val_loss", "train_seconds", "tokens_per_second",
                     "model_flops_per_second", "mfu", "backend", "compile", "status",
                     "message"] + PROVENANCE,
@@ -58,8 +58,9 @@ TABLES: dict[str, dict[str, list[str]]] = {
     "probes": {
         "key": ["run_id", "probe", "eval_len", "variant", "scaling", "extension"],
         "columns": ["run_id", "task", "probe", "spec", "scheme", "params", "seed", "train_len",
-                    "eval_len", "ratio", "variant", "trials", "position_draws", "hits", "accuracy",
-                    "acc_lo", "acc_hi", "scaling", "extension", "backend", "status",
+                    "eval_len", "ratio", "variant", "trials", "position_draws", "answers", "hits",
+                    "accuracy", "acc_lo", "acc_hi", "exact", "exact_match", "em_lo", "em_hi", "chance",
+                    "scaling", "extension", "backend", "status",
                     "reason"] + PROVENANCE,
     },
     # Per run and protocol (perplexity: mode and stride; accuracy: the probe), the longest length

@@ -18,12 +18,11 @@ from typing import Any
 
 import torch
 
-from posbench import flops, layout, results
+from posbench import batches, flops, layout, results
 from posbench.config import TrainConfig, build, stable_hash
-from posbench.data import DataConfig, TokenData, load_tokens, unigram_loss
+from posbench.data import DataConfig, TokenData, is_probe, load_tokens, probe_corpus, unigram_loss
 from posbench.errors import PosbenchError, RunFailed
 from posbench.model import ModelConfig, Transformer
-from posbench.positions import training_positions
 from posbench.schemes import Dims, get_scheme
 from posbench.schemes.base import coerce_params, identity_params
 
@@ -66,6 +65,8 @@ class RunSpec:
             train.pop(logistics)
         if not self.train.randomize_positions:
             train.pop("randomize_max")
+        if not self.train.stop_accuracy:  # added later: runs without it keep their run_ids
+            train.pop("stop_accuracy")
         lay = self.resolved_layout()
         params = self.params if lay is not None else identity_params(get_scheme(self.scheme), self.params)
         out = {"scheme": self.scheme, "params": params, "seed": self.seed,
@@ -132,11 +133,17 @@ class Distributed:
 
         return DistributedDataParallel(model)
 
-    def local(self, batch: torch.Tensor) -> torch.Tensor:
-        if batch.shape[0] % self.world:
-            raise PosbenchError(f"batch size {batch.shape[0]} is not divisible by {self.world} processes")
-        per = batch.shape[0] // self.world
-        return batch[self.rank * per: (self.rank + 1) * per]
+    def local(self, batch: batches.Batch) -> batches.Batch:
+        """This rank's rows of the batch (positions are shared by every row)."""
+        rows = batch.tokens.shape[0]
+        if rows % self.world:
+            raise PosbenchError(f"batch size {rows} is not divisible by {self.world} processes")
+        per = rows // self.world
+
+        def part(x):
+            return None if x is None else x[self.rank * per: (self.rank + 1) * per]
+
+        return batches.Batch(part(batch.tokens), part(batch.targets), part(batch.mask), batch.positions)
 
     def mean(self, value: torch.Tensor) -> torch.Tensor:
         if self.world == 1:
@@ -234,14 +241,6 @@ def build_model(spec: RunSpec, vocab_size: int) -> Transformer:
     return Transformer(cfg, model_layout)
 
 
-def sample_batch(stream: torch.Tensor, t: TrainConfig, gen: torch.Generator):
-    """B random windows of the token stream: inputs and next-token targets, (B, T) each."""
-    starts = torch.randint(0, len(stream) - t.train_len - 1, (t.batch_size,), generator=gen)
-    idx = starts[:, None] + torch.arange(t.train_len + 1)
-    chunk = stream[idx]
-    return chunk[:, :-1], chunk[:, 1:]
-
-
 def lr_at(step: int, t: TrainConfig) -> float:
     """Linear warm-up, then cosine decay to 10% of the peak."""
     if step < t.warmup:
@@ -255,23 +254,6 @@ def make_optimizer(model: Transformer, t: TrainConfig) -> torch.optim.Optimizer:
     rest = [p for n, p in model.named_parameters() if p.dim() < 2 and p.requires_grad]
     groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": rest, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=t.lr, betas=(0.9, 0.95))
-
-
-@torch.no_grad()
-def validation_loss(model, stream: torch.Tensor, t: TrainConfig, device, batch: int = 16) -> float:
-    """Mean loss over the first `eval_windows` non-overlapping windows of train_len."""
-    n = min(t.eval_windows, (len(stream) - 1) // t.train_len)
-    if n < 1:
-        raise PosbenchError(f"validation split is shorter than one window of {t.train_len}")
-    model.eval()
-    total = 0.0
-    for i in range(0, n, batch):
-        rows = torch.arange(i, min(n, i + batch))[:, None] * t.train_len + torch.arange(t.train_len + 1)
-        chunk = stream[rows].to(device)
-        with autocast(device, t.dtype):
-            total += float(model.token_losses(chunk[:, :-1], chunk[:, 1:]).sum())
-    model.train()
-    return total / (n * t.train_len)
 
 
 # --- checkpoints -----------------------------------------------------------------------------
@@ -361,7 +343,7 @@ def load_trained(run_dir: Path, device="cpu") -> tuple[RunSpec, Transformer, int
 
 # --- the loop --------------------------------------------------------------------------------
 
-LOG_COLUMNS = ["step", "lr", "loss", "val_loss", "tokens", "seconds"]
+LOG_COLUMNS = ["step", "lr", "loss", "val_loss", "val_accuracy", "tokens", "seconds"]
 
 
 @dataclass
@@ -456,17 +438,17 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
         done = [r for r in results.read_rows(results.table_path(runs_dir, "runs")) if r["run_id"] == spec.run_id]
         if done and done[0]["status"] == "ok":
             return TrainResult(spec.run_id, run_dir, done[0], skipped=True)
-    data = data or load_tokens(spec.data)
-    if len(data.train) < t.train_len + 2:
-        raise PosbenchError(f"the training split ({len(data.train)} tokens) is shorter than one window "
-                            f"of train_len {t.train_len} plus its target")
-    model = build_model(spec, data.vocab_size).to(dev)
+    if data is None and not is_probe(spec.data):
+        data = load_tokens(spec.data)
+    source = batches.source_for(spec, data)
+    vocab_size, fingerprint = (data.vocab_size, data.fingerprint) if data is not None else probe_corpus(spec.data)
+    model = build_model(spec, vocab_size).to(dev)
     net = TrainingForward(ddp.wrap(model), t.compile, dev)
     opt = make_optimizer(model, t)
     gen = torch.Generator().manual_seed(spec.seed)
     if ddp.main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        config = {**spec.to_json(), "vocab_size": data.vocab_size, "corpus": data.fingerprint}
+        config = {**spec.to_json(), "vocab_size": vocab_size, "corpus": fingerprint}
         results.write_atomic(run_dir / "config.json", json.dumps(config, indent=1, default=str))
 
     step, seconds, log = 0, 0.0, []
@@ -480,14 +462,13 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
         (run_dir / CHECKPOINT).unlink(missing_ok=True)
 
     backend = model.layout.backends(dev)
-    stream = data.train
     row_base = {
         "run_id": spec.run_id, "task": spec.task, "scheme": spec.scheme,
         "params": model.layout.describe(), "seed": spec.seed, "train_len": t.train_len,
         "randomized": t.randomize_positions, "steps": t.steps,
         "n_params": sum(p.numel() for p in model.parameters()), "backend": backend,
         "compile": net.status,
-        **results.provenance(dev.type, t.dtype, data.fingerprint),
+        **results.provenance(dev.type, t.dtype, fingerprint),
     }
 
     saved = step
@@ -506,9 +487,9 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
                                                    "tokens": step * t.batch_size * t.train_len}])
         raise RunFailed(f"{spec.run_id}: {message}; recorded as failed in {runs_dir / 'runs.csv'}")
 
-    def forward_backward(x, y, pos) -> float:
+    def forward_backward(batch: batches.Batch) -> float:
         with autocast(dev, t.dtype):
-            loss = net(x, pos, targets=y).mean()
+            loss = batches.masked_mean(net(batch.tokens, batch.positions, targets=batch.targets), batch.mask)
         value = ddp.mean(loss).item()
         if not math.isfinite(value):
             fail(f"loss became {value} at step {step}")
@@ -530,21 +511,20 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
                 gen_at_step_start = gen.get_state()
                 for group in opt.param_groups:
                     group["lr"] = lr_at(step, t)
-                x, y = sample_batch(stream, t, gen)
-                pos = training_positions(t, gen)
-                x, y = ddp.local(x).to(dev), ddp.local(y).to(dev)
-                pos = pos.to(dev) if pos is not None else None
-                value = net.first_step(lambda: forward_backward(x, y, pos))
+                batch = ddp.local(source.sample(gen)).to(dev)
+                value = net.first_step(lambda: forward_backward(batch))
                 row_base["compile"] = net.status  # "fallback" once the first step failed to compile
                 torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
                 opt.step()
                 step += 1
                 seconds += time.perf_counter() - began
-                entry = {"step": step, "lr": lr_at(step - 1, t), "loss": value,
-                         "val_loss": None, "tokens": step * t.batch_size * t.train_len, "seconds": seconds}
+                entry = {"step": step, "lr": lr_at(step - 1, t), "loss": value, "val_loss": None,
+                         "val_accuracy": None, "tokens": step * t.batch_size * t.train_len, "seconds": seconds}
                 if (step % t.eval_interval == 0 or step == t.steps) and ddp.main:
-                    entry["val_loss"] = validation_loss(model, data.valid, t, dev)
+                    entry.update(source.validate(model, dev, autocast(dev, t.dtype)))
                 log.append(entry)
+                if ddp.any(learned(entry, t), dev):
+                    stop_at = step
                 bar.update(task_id, completed=step, loss=entry["loss"],
                            tps=t.batch_size * t.train_len * step / max(seconds, 1e-9))
                 if step % t.checkpoint_interval == 0:
@@ -554,7 +534,8 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
                 f"stopped at once; --resume continues from the checkpoint of step {saved}"
             ) from None
     checkpoint()
-    if step < t.steps:
+    stopped = bool(log) and learned(log[-1], t)
+    if step < t.steps and not stopped:
         return TrainResult(spec.run_id, run_dir, {**row_base, "status": "partial"})
     if not ddp.main:
         return TrainResult(spec.run_id, run_dir, {**row_base, "status": "ok"})
@@ -563,17 +544,23 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
 
     results.write_atomic(run_dir / FINAL, save({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}))
     tail = [e["loss"] for e in log[-10:]]
-    tokens = t.steps * t.batch_size * t.train_len
+    tokens = step * t.batch_size * t.train_len
     row = {
-        **row_base, "tokens": tokens, "final_train_loss": sum(tail) / len(tail),
-        "final_val_loss": log[-1]["val_loss"],
-        "unigram_val_loss": unigram_loss(data.train, data.valid, data.vocab_size),
+        **row_base, "tokens": tokens, "stopped_at": step if step < t.steps else None, "final_train_loss": sum(tail) / len(tail),
+        "final_val_loss": log[-1]["val_loss"], "final_val_accuracy": log[-1]["val_accuracy"],
+        "unigram_val_loss": unigram_loss(data.train, data.valid, data.vocab_size) if data is not None else None,
         "train_seconds": seconds, "tokens_per_second": tokens / max(seconds, 1e-9),
         "status": "ok", "message": "",
     }
     row.update(compute_rate(model, spec, dev, row["tokens_per_second"]))
     results.merge_rows(runs_dir, "runs", [row])
     return TrainResult(spec.run_id, run_dir, row)
+
+
+def learned(entry: dict[str, Any], t: TrainConfig) -> bool:
+    """Whether a log entry's validation accuracy reached the early-stopping target (when set)."""
+    accuracy = entry.get("val_accuracy")
+    return bool(t.stop_accuracy) and accuracy is not None and accuracy >= t.stop_accuracy
 
 
 def compute_rate(model: Transformer, spec: RunSpec, dev: torch.device, tokens_per_second: float) -> dict:

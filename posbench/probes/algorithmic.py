@@ -1,11 +1,10 @@
 """Algorithmic probes after Kazemnejad et al. 2023 (McGill-NLP/length-generalization: trained on
-instances up to a size, tested on larger ones, exact match of the whole answer) and Ruoss et al.
-2023 (randomized positional encodings: parity and sorting among the Chomsky-hierarchy tasks).
+instances up to a size, tested on larger ones) and Ruoss et al. 2023 (randomized positional
+encodings: parity and sorting among the Chomsky-hierarchy tasks).
 
-An instance is a line ``op x1 x2 ... = y1 y2 ...`` of single digits separated by spaces (one
-token per digit and its space with the BPE of the probe tasks, two with raw bytes). Training
-documents hold instances of `size` digits; a prompt of L tokens holds the largest instance that
-fits, so its size grows with L and a longer prompt asks a longer problem.
+An instance is ``OP x1 x2 ... = y1 y2 ...`` in one-digit symbols; every output digit is its own
+verdict. An example of L tokens holds the largest instance that fits (filler before it makes up the
+rest), so a longer prompt asks a longer problem and the training lengths span the sizes.
 """
 
 from __future__ import annotations
@@ -13,20 +12,19 @@ from __future__ import annotations
 from posbench.probes.base import Answer, Probe, Text, register
 
 
-def digits(xs) -> str:
-    return "".join(f" {x}" for x in xs)
-
-
 class Algorithmic(Probe):
     sized = True
-    options = {"size": (1, 30)}
+    grows = "digits"
     reference = "Kazemnejad et al. 2023 (McGill-NLP/length-generalization); Ruoss et al. 2023"
+    base = 10
+
+    @property
+    def chance(self) -> float:
+        return 1 / self.base
 
     def instance(self, rng, size, variant):
         xs = [rng.randrange(self.base) for _ in range(size)]
-        return [Text(f"\n{self.name}{digits(xs)} ="), Answer(digits(self.solve(xs)))]
-
-    base = 10
+        return [Text((self.name, *map(str, xs), "=")), *(Answer((str(y),)) for y in self.solve(xs))]
 
     def solve(self, xs: list[int]) -> list[int]:
         raise NotImplementedError
@@ -35,7 +33,7 @@ class Algorithmic(Probe):
 @register
 class Copy(Algorithmic):
     name = "copy"
-    summary = "repeat `size` digits"
+    summary = "repeat the digits"
 
     def solve(self, xs):
         return xs
@@ -44,7 +42,7 @@ class Copy(Algorithmic):
 @register
 class Reverse(Algorithmic):
     name = "reverse"
-    summary = "the `size` digits in reverse order"
+    summary = "the digits in reverse order"
 
     def solve(self, xs):
         return xs[::-1]
@@ -53,7 +51,7 @@ class Reverse(Algorithmic):
 @register
 class Sort(Algorithmic):
     name = "sort"
-    summary = "the `size` digits in ascending order"
+    summary = "the digits in ascending order"
 
     def solve(self, xs):
         return sorted(xs)
@@ -62,7 +60,7 @@ class Sort(Algorithmic):
 @register
 class Parity(Algorithmic):
     name = "parity"
-    summary = "whether `size` bits hold an odd number of ones (one answer token: 0 or 1)"
+    summary = "whether the bits hold an odd number of ones (one answer: 0 or 1)"
     base = 2
 
     def solve(self, xs):
@@ -72,13 +70,13 @@ class Parity(Algorithmic):
 @register
 class Addition(Algorithmic):
     name = "addition"
-    summary = ("the sum of two `size`-digit numbers, every number written least significant digit "
+    summary = ("the sum of two numbers of as many digits, every number written least significant digit "
                "first (reversed), so each answer digit follows from digits already read plus a carry; "
-               "the answer has size + 1 digits, the last one the final carry")
+               "the answer has one digit more, the last one the final carry")
 
     def instance(self, rng, size, variant):
         a = [rng.randrange(10) for _ in range(size)]
         b = [rng.randrange(10) for _ in range(size)]
         total = int("".join(map(str, a[::-1]))) + int("".join(map(str, b[::-1])))
-        out = [int(c) for c in str(total).zfill(size + 1)[::-1]]
-        return [Text(f"\naddition{digits(a)} +{digits(b)} ="), Answer(digits(out))]
+        out = str(total).zfill(size + 1)[::-1]
+        return [Text(("addition", *map(str, a), "+", *map(str, b), "=")), *(Answer((d,)) for d in out)]

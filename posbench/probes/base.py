@@ -1,17 +1,15 @@
-"""What every probe shares: options parsed from its data spec, training documents, and prompts of
-exactly L tokens in the model's own tokens with the answer's positions.
+"""What every probe shares: options parsed from its data spec, and examples of exactly L tokens in
+the probe family's symbol vocabulary (posbench.probes.symbols) with the positions of each answer.
 
-A probe instance is a list of segments: `Text` (given to the model), `Answer` (to be produced)
-and `Fill` (filler text, "The grass is green. ...", whose amount makes up the length; its weight
-is its share of the filler). A training document renders the segments as text with a random
-amount of filler in characters; a prompt of length L renders them as tokens, each run of text
-encoded on its own and the filler cut from the tokens of a long filler text, so the prompt is
-exactly L tokens. A probe whose instance grows (`sized`: copy, mqar, ...) gets the largest size
-whose prompt fits L; the others keep their instance and fill the rest of L with filler.
-
-Answers start after a space or a newline (" 12345"), so the tokenizer's pre-tokenization starts a
-new token there and encoding the answer on its own gives the tokens of the whole text; the
-answer's positions are its tokens that are not whitespace alone.
+A probe instance is a list of segments: `Text` (given to the model), `Answer` (one verdict: a
+queried value, an output digit) and `Fill` (haystack filler whose amount makes up the length; its
+weight is its share of the filler). One generator makes every example, for training and for
+scoring alike: `example(rng, L)` renders an instance as exactly L tokens. A probe states how an
+instance grows with L (`grows`): a sized probe (copy, mqar, ...) takes the largest size that fits L
+(more digits, more pairs) and fills the rest; the others keep their instance and fill the rest of L
+with filler (passkey: more haystack). Training examples take lengths drawn uniformly from the
+shortest instance up to the training length (the length curriculum of Ruoss et al. 2023), so the
+prompt scored at the training length is one of the training distribution.
 """
 
 from __future__ import annotations
@@ -21,19 +19,17 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from posbench.errors import PosbenchError, did_you_mean
-
-FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
-PAD_CHARS = 8  # filler before a sized instance in training: at test the remainder of L is less than an item
+from posbench.probes.symbols import FILLER, TOKENIZER
 
 
 @dataclass(frozen=True)
 class Text:
-    text: str
+    symbols: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class Answer:
-    text: str
+    symbols: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -45,15 +41,19 @@ Segment = Text | Answer | Fill
 
 
 @dataclass(frozen=True)
-class Prompt:
-    tokens: list[int]  # exactly the prompt's length, answers included
-    answer: list[int]  # positions of the answer tokens, ascending
-    answer_text: str  # the answers, as text, for reading
+class Example:
+    tokens: list[int]  # exactly the example's length, answers included
+    answers: list[list[int]]  # per answer (one verdict each), the positions of its tokens
+    answer_text: str  # the answers, as symbols, for reading
+
+    @property
+    def answer_positions(self) -> list[int]:
+        return [p for a in self.answers for p in a]
 
 
-def filler(n: int) -> str:
-    """The first n characters of the repeated filler."""
-    return (FILLER * (n // len(FILLER) + 1))[:n]
+def filler(n: int) -> list[str]:
+    """The first n symbols of the repeated filler sentences."""
+    return list((FILLER * (n // len(FILLER) + 1))[:n])
 
 
 def fill_sizes(weights: list[float], free: int) -> list[int]:
@@ -72,35 +72,48 @@ def random_weights(rng: random.Random, n: int) -> list[float]:
     return [b - a for a, b in zip([0.0, *cuts], [*cuts, 1.0])]
 
 
-def render(segments: list[Segment], fill_chars: int) -> str:
-    """A training document: the segments as text with `fill_chars` characters of filler."""
-    fills = iter(fill_sizes([s.weight for s in segments if isinstance(s, Fill)], fill_chars))
-    return "".join(filler(next(fills)) if isinstance(s, Fill) else s.text for s in segments)
+def fixed_tokens(segments: list[Segment]) -> int:
+    return sum(len(s.symbols) for s in segments if not isinstance(s, Fill))
 
 
-def fixed_chars(segments: list[Segment]) -> int:
-    return sum(len(s.text) for s in segments if not isinstance(s, Fill))
+def render(segments: list[Segment], length: int, name: str) -> Example:
+    """The segments as exactly `length` tokens, the filler sized to make up the rest."""
+    free = length - fixed_tokens(segments)
+    fills = [s.weight for s in segments if isinstance(s, Fill)]
+    if free < 0 or (free > 0 and not fills):
+        raise PosbenchError(f"{name} length {length} is too short: an example needs at least "
+                            f"{length - free} tokens")
+    sizes = iter(fill_sizes(fills, free))
+    symbols: list[str] = []
+    answers: list[list[int]] = []
+    for s in segments:
+        if isinstance(s, Fill):
+            symbols += filler(next(sizes))
+            continue
+        if isinstance(s, Answer):
+            answers.append(list(range(len(symbols), len(symbols) + len(s.symbols))))
+        symbols += s.symbols
+    text = " | ".join(" ".join(s.symbols) for s in segments if isinstance(s, Answer))
+    return Example(TOKENIZER.encode(symbols), answers, text)
 
 
 class Probe:
-    """A synthetic task: its data spec options, training documents and prompts.
+    """A synthetic task: its data spec options and its examples.
 
     Subclasses set `name`, `summary` (what it asks and its settings), `reference`, `options`
-    (defaults: an int or a (low, high) range, written ``low-high``) and write `instance`."""
+    (integer defaults), `grows` (what a longer example holds more of), write `instance`, and
+    declare `chance`: the per-answer accuracy of a uniform guess over what an answer can be."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
     reference: ClassVar[str]
-    options: ClassVar[dict[str, Any]]
-    sized: ClassVar[bool] = False  # the instance grows to fill the prompt (option `size` in training)
+    options: ClassVar[dict[str, int]] = {}
+    grows: ClassVar[str] = "filler"
+    sized: ClassVar[bool] = False  # the instance grows with the length (`size`)
     variant_name: ClassVar[str] = ""  # what variants vary (passkey: depth); "" for none
 
     def __init__(self, **values: Any):
-        self.opts = {**self.defaults(), **values}
-
-    @classmethod
-    def defaults(cls) -> dict[str, Any]:
-        return {"seed": 0, "docs": 20000, **cls.options}
+        self.opts = {**self.options, **values}
 
     def __getattr__(self, key: str) -> Any:
         opts = self.__dict__.get("opts", {})
@@ -116,26 +129,16 @@ class Probe:
 
     @classmethod
     def parse(cls, spec: str) -> Probe:
-        """The probe of a data spec ``NAME[:key=value,...]``; a bare number is the seed, a bare
-        ``low-high`` the range option (len or size)."""
+        """The probe of a data spec ``NAME[:key=value,...]``."""
         _, _, rest = spec.partition(":")
-        defaults = cls.defaults()
-        usage = f"use {cls.name}[:" + ",".join(f"{k}={_show(v)}" for k, v in defaults.items()) + "]"
-        values: dict[str, Any] = {}
+        usage = f"use {cls.name}" + (":" + ",".join(f"{k}={v}" for k, v in cls.options.items()) if cls.options else "")
+        values: dict[str, int] = {}
         for item in (p.strip() for p in rest.split(",") if p.strip()):
-            key, eq, value = item.partition("=")
-            if not eq:
-                ranged = next((k for k, v in defaults.items() if isinstance(v, tuple)), "seed")
-                key, value = (ranged, item) if "-" in item else ("seed", item)
-            key = key.strip()
-            if key not in defaults:
+            key, eq, value = (x.strip() for x in item.partition("="))
+            if not eq or key not in cls.options:
                 raise PosbenchError(f"unknown option {key!r} in data spec {spec!r}: {usage}")
             try:
-                if isinstance(defaults[key], tuple):
-                    lo, hi = value.split("-")
-                    values[key] = (int(lo), int(hi))
-                else:
-                    values[key] = int(value)
+                values[key] = int(value)
             except ValueError:
                 raise PosbenchError(f"bad {key} {value!r} in data spec {spec!r}: {usage}") from None
         probe = cls(**values)
@@ -144,23 +147,23 @@ class Probe:
 
     def check(self) -> None:
         """Range checks of the options (subclasses add their own)."""
-        if self.docs < 40:
-            raise PosbenchError(f"{self.name} docs must be at least 40 (for the split), got {self.docs}")
         if "digits" in self.opts and not 1 <= self.digits <= 18:
             raise PosbenchError(f"{self.name} digits must be in 1..18, got {self.digits}")
         for key, value in self.opts.items():
-            if isinstance(value, tuple) and not 0 < value[0] <= value[1]:
-                raise PosbenchError(f"{self.name} {key} {value[0]}-{value[1]} must be positive and low-high")
-            if key not in ("seed", "docs") and isinstance(value, int) and value < 1:
+            if value < 1:
                 raise PosbenchError(f"{self.name} {key} must be at least 1, got {value}")
 
     def settings(self) -> str:
-        return ",".join(f"{k}={_show(v)}" for k, v in self.opts.items())
+        return ",".join(f"{k}={v}" for k, v in self.opts.items())
+
+    @property
+    def chance(self) -> float:
+        raise NotImplementedError
 
     # --- what a probe writes ---------------------------------------------------------------
 
     def instance(self, rng: random.Random, size: int, variant: Any) -> list[Segment]:
-        """The segments of one instance (`size` for sized probes; `variant` None in training)."""
+        """The segments of one instance (`size` for sized probes; `variant` None: drawn at random)."""
         raise NotImplementedError
 
     def variants(self) -> tuple[Any, ...]:
@@ -170,108 +173,48 @@ class Probe:
     def variant_label(self, variant: Any) -> str:
         return "" if variant is None else f"{self.variant_name}={variant:g}"
 
-    # --- training documents ----------------------------------------------------------------
+    # --- examples --------------------------------------------------------------------------
 
-    def document(self, rng: random.Random) -> str:
-        if self.sized:
-            segments = self.instance(rng, rng.randint(*self.size), None)
-            return render([Fill(1.0), *segments], rng.randint(0, PAD_CHARS))
-        segments = self.instance(rng, 0, None)
-        # An instance longer than the drawn length (long words, many needles) gets no filler.
-        return render(segments, max(0, rng.randint(*self.len) - fixed_chars(segments)))
+    def size_for(self, length: int) -> int:
+        """A sized probe's largest size whose instance fits `length` tokens (0: none fits).
+        Token counts depend on the size alone, so any generator measures them."""
+        def fits(size: int) -> bool:
+            return fixed_tokens(self.instance(random.Random(0), size, None)) <= length
 
-    def documents(self) -> tuple[list[str], list[str]]:
-        """The probe's `docs` training documents and their names, from its seed alone."""
-        rng = random.Random(self.seed)
-        names = [f"{self.name}-{i:07d}" for i in range(self.docs)]
-        return names, [self.document(rng) for _ in names]
-
-    # --- prompts ---------------------------------------------------------------------------
-
-    def prompt_rng(self, seed: int, length: int, variant: Any) -> random.Random:
-        """The generator of a cell's prompts: every scheme (and tokenizer) gets the same ones."""
-        return random.Random(f"{self.name}:{seed}:{length}:{variant!r}")
-
-    def prompts(self, maker: PromptMaker, length: int, variant: Any, n: int, seed: int) -> list[Prompt]:
-        rng = self.prompt_rng(seed, length, variant)
-        return [self.prompt(maker, rng, length, variant) for _ in range(n)]
-
-    def prompt(self, maker: PromptMaker, rng: random.Random, length: int, variant: Any) -> Prompt:
-        if not self.sized:
-            return maker.build(self.instance(rng, 0, variant), length, self.name)
-        state = rng.getstate()
-
-        def tokens_at(size: int) -> int:
-            rng.setstate(state)
-            return maker.fixed_tokens(self.instance(rng, size, variant))
-
-        lo, hi = 1, length  # the largest size whose prompt fits (token counts grow with size)
+        lo, hi = 0, length
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if tokens_at(mid) <= length else (lo, mid - 1)
-        rng.setstate(state)
-        return maker.build([Fill(1.0), *self.instance(rng, lo, variant)], length, self.name)
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+        return lo
 
+    def min_length(self) -> int:
+        """The shortest example: the smallest instance with no filler."""
+        return fixed_tokens(self.instance(random.Random(0), 1, None))
 
-def _show(value: Any) -> str:
-    return f"{value[0]}-{value[1]}" if isinstance(value, tuple) else str(value)
+    def example(self, rng: random.Random, length: int, variant: Any = None) -> Example:
+        """One example of exactly `length` tokens."""
+        if not self.sized:
+            return render(self.instance(rng, 0, variant), length, self.name)
+        size = self.size_for(length)
+        if size < 1:
+            raise PosbenchError(f"{self.name} length {length} is too short: an example needs at least "
+                                f"{self.min_length()} tokens")
+        segments = self.instance(rng, size, variant)
+        if not any(isinstance(s, Fill) for s in segments):  # filler before it makes up the length
+            segments = [Fill(1.0), *segments]
+        return render(segments, length, self.name)
 
+    def training_example(self, rng: random.Random, max_len: int) -> Example:
+        """An example of a length drawn uniformly from min_length() .. max_len."""
+        lo = self.min_length()
+        if max_len < lo:
+            raise PosbenchError(f"{self.name} examples need at least {lo} tokens; train_len is {max_len}")
+        return self.example(rng, rng.randint(lo, max_len))
 
-class PromptMaker:
-    """Renders segments as tokens of one tokenizer (anything with `encode_documents` and `decode`,
-    as posbench.data's tokenizers), so every prompt is exactly its length in the model's tokens."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self._filler: list[int] = []
-
-    def encode(self, text: str) -> list[int]:
-        return [int(i) for i in self.tokenizer.encode_documents([text])[:-1]]  # without the separator
-
-    def filler(self, n: int) -> list[int]:
-        while len(self._filler) < n:
-            self._filler = self.encode(FILLER * (2 * len(self._filler) // 8 + 8))
-        return self._filler[:n]
-
-    def chunks(self, segments: list[Segment]) -> list[tuple[str, Any]]:
-        """("fill", weight) or ("text" | "answer", tokens): neighbouring texts encoded together."""
-        out: list[tuple[str, Any]] = []
-        pending = ""
-        for s in segments:
-            if isinstance(s, Text):
-                pending += s.text
-                continue
-            if pending:
-                out.append(("text", self.encode(pending)))
-                pending = ""
-            out.append(("fill", s.weight) if isinstance(s, Fill) else ("answer", self.encode(s.text)))
-        if pending:
-            out.append(("text", self.encode(pending)))
-        return out
-
-    def fixed_tokens(self, segments: list[Segment]) -> int:
-        return sum(len(v) for kind, v in self.chunks(segments) if kind != "fill")
-
-    def build(self, segments: list[Segment], length: int, name: str) -> Prompt:
-        chunks = self.chunks(segments)
-        free = length - sum(len(v) for kind, v in chunks if kind != "fill")
-        if free < 0 or (free > 0 and not any(kind == "fill" for kind, _ in chunks)):
-            raise PosbenchError(
-                f"{name} length {length} is too short: a prompt needs at least {length - free} tokens"
-            )
-        fills = iter(fill_sizes([v for kind, v in chunks if kind == "fill"], free))
-        tokens: list[int] = []
-        answer: list[int] = []
-        for kind, value in chunks:
-            if kind == "fill":
-                tokens += self.filler(next(fills))
-                continue
-            if kind == "answer":  # from its first token that is not whitespace alone
-                skip = next(k for k, t in enumerate(value) if self.tokenizer.decode([t]).strip())
-                answer += range(len(tokens) + skip, len(tokens) + len(value))
-            tokens += value
-        text = " | ".join(s.text.strip() for s in segments if isinstance(s, Answer))
-        return Prompt(tokens, answer, text)
+    def prompts(self, length: int, variant: Any, n: int, seed: int) -> list[Example]:
+        """A cell's `n` prompts: every scheme gets the same ones."""
+        rng = random.Random(f"{self.name}:{seed}:{length}:{variant!r}")
+        return [self.example(rng, length, variant) for _ in range(n)]
 
 
 PROBES: dict[str, type[Probe]] = {}

@@ -1,11 +1,12 @@
-"""Retrieval probes: facts hidden in filler text, asked for at the end.
+"""Retrieval probes: facts hidden in a haystack, asked for at the end.
 
 Passkey (Mohtashami & Jaggi 2023) and the needle-in-a-haystack family of RULER (Hsieh et al.
 2024, NVIDIA/RULER scripts/synthetic.yaml: niah_multikey_1, niah_multivalue, niah_multiquery,
-vt), scaled to tiny models: the haystack is RULER's noise haystack (the passkey filler), needles
-are short sentences ("The key of river is 123."), values have fewer digits and the question ends
-in an answer prefix, as RULER's base-model prompts do. A hit is the exact answer, every value in
-the order the probe states. Multi-needle probes put their needles at uniformly random depths.
+vt), scaled to tiny models and written in one-token symbols: the haystack is RULER's noise
+sentences ("the grass is green ."), a needle is ``KEY is 1 2 3 .`` (a key symbol, digits), the
+question ends where the answer starts, as RULER's base-model prompts do. A longer example holds
+more haystack. Multi-needle probes put their needles at uniformly random depths. MQAR (Zoology)
+grows by pairs instead: every key of its list is queried, each query its own verdict.
 """
 
 from __future__ import annotations
@@ -13,18 +14,17 @@ from __future__ import annotations
 import random
 
 from posbench.errors import PosbenchError
-from posbench.probes.base import Answer, Fill, Probe, Text, filler, random_weights, register, render
-
-WORDS = ("apple river stone cloud tiger lamp garden silver winter candle forest mirror orange "
-         "window bridge rabbit copper meadow violin pepper").split()
+from posbench.probes.base import Answer, Fill, Probe, Text, random_weights, register
+from posbench.probes.symbols import KEYS, N_KEYS, N_VALUES, VALUES
 
 
-def number(rng: random.Random, digits: int) -> str:
-    return str(rng.randrange(10 ** (digits - 1), 10**digits))
+def number(rng: random.Random, digits: int) -> tuple[str, ...]:
+    """A number of `digits` digits (no leading zero), one symbol per digit."""
+    return tuple(str(rng.randrange(10 ** (digits - 1), 10**digits)))
 
 
-def needle(word: str, value: str) -> Text:
-    return Text(f"The key of {word} is {value}. ")
+def needle(key: str, value: tuple[str, ...]) -> Text:
+    return Text((key, "is", *value, "."))
 
 
 def haystack(rng: random.Random, needles: list[Text]) -> list:
@@ -36,161 +36,160 @@ def haystack(rng: random.Random, needles: list[Text]) -> list:
     return out
 
 
-@register
-class Passkey(Probe):
-    name = "passkey"
-    summary = ("a random `digits`-digit key in a key sentence at a depth of the filler, asked for at "
-               "the end; documents of `len` characters; scored at depths 0, 0.25, 0.5, 0.75, 1")
-    reference = "Mohtashami & Jaggi 2023 (landmark attention); the test of the PI and YaRN papers"
-    options = {"len": (128, 256), "digits": 5, "docs": 40000}
-    variant_name = "depth"
-    QUESTION = "What is the pass key? The pass key is"
+def listed(answers) -> list:
+    """Answers in order, a comma given between them: each answer is its own verdict."""
+    out: list = []
+    for i, a in enumerate(answers):
+        out += [Text((",",))] if i else []
+        out.append(Answer(tuple(a)))
+    return out
 
-    @staticmethod
-    def key_sentence(key: str) -> str:
-        return f"The pass key is {key}. Remember it. {key} is the pass key. "
+
+class NumberAnswers(Probe):
+    """Probes whose answers are `digits`-digit numbers: a uniform guess is right once in 10^digits."""
 
     @property
-    def fixed_len(self) -> int:
-        """Characters of a document that are not filler."""
-        return len(self.key_sentence("0" * self.digits)) + len(self.QUESTION) + 1 + self.digits
+    def chance(self) -> float:
+        return 10.0 ** -self.digits
 
-    def check(self) -> None:
-        super().check()
-        lo, hi = self.len
-        if not self.fixed_len <= lo:
-            raise PosbenchError(
-                f"passkey document lengths {lo}-{hi} are too short: a document with {self.digits} digits "
-                f"needs at least {self.fixed_len} characters"
-            )
+
+@register
+class Passkey(NumberAnswers):
+    name = "passkey"
+    summary = ("a random `digits`-digit key in a key sentence at a depth of the haystack, asked for at "
+               "the end; longer examples hold more haystack; scored at depths 0, 0.25, 0.5, 0.75, 1")
+    reference = "Mohtashami & Jaggi 2023 (landmark attention); the test of the PI and YaRN papers"
+    options = {"digits": 5}
+    variant_name = "depth"
 
     def variants(self) -> tuple[float, ...]:
         return (0.0, 0.25, 0.5, 0.75, 1.0)
 
     def instance(self, rng, size, depth):
         key = number(rng, self.digits)
-        return [Fill(depth), Text(self.key_sentence(key)), Fill(1.0 - depth), Text(self.QUESTION), Answer(" " + key)]
-
-    def document(self, rng: random.Random) -> str:
-        # The draws of the original generator, so the corpus (and its fingerprint) stays the same.
-        key = number(rng, self.digits)
-        free = rng.randint(*self.len) - self.fixed_len
-        before = rng.randint(0, free)
-        return filler(before) + self.key_sentence(key) + filler(free - before) + self.QUESTION + " " + key
+        depth = rng.random() if depth is None else depth
+        return [Fill(depth), Text(("pass", "key", "is", *key, ".", "remember", "it", ".")), Fill(1.0 - depth),
+                Text(("what", "is", "the", "pass", "key", "?")), Answer(key)]
 
 
 @register
-class MultiKey(Probe):
+class MultiKey(NumberAnswers):
     name = "multikey"
-    summary = ("`keys` needles 'The key of WORD is N.' with distinct words; the question asks for one "
-               "of them (RULER niah_multikey_1: 4 keys; here `digits`-digit values)")
+    summary = ("`keys` needles 'KEY is N .' with distinct keys; the question asks for one of them "
+               "(RULER niah_multikey_1: 4 keys; here `digits`-digit values)")
     reference = "Hsieh et al. 2024, RULER (NVIDIA/RULER, scripts/synthetic.yaml, niah_multikey_1)"
-    options = {"len": (180, 280), "keys": 4, "digits": 4}
+    options = {"keys": 4, "digits": 4}
+
+    def check(self) -> None:
+        super().check()
+        if self.keys > N_KEYS:
+            raise PosbenchError(f"multikey keys must be at most {N_KEYS}, got {self.keys}")
 
     def instance(self, rng, size, variant):
-        words = rng.sample(WORDS, self.keys)
-        values = [number(rng, self.digits) for _ in words]
+        keys = rng.sample(KEYS, self.keys)
+        values = [number(rng, self.digits) for _ in keys]
         asked = rng.randrange(self.keys)
-        w = words[asked]
-        return haystack(rng, [needle(a, v) for a, v in zip(words, values)]) + [
-            Text(f"What is the key of {w}? The key of {w} is"), Answer(" " + values[asked])]
-
-    def check(self) -> None:
-        super().check()
-        if self.keys > len(WORDS):
-            raise PosbenchError(f"multikey keys must be at most {len(WORDS)}, got {self.keys}")
+        return haystack(rng, [needle(k, v) for k, v in zip(keys, values)]) + [
+            Text(("what", "is", keys[asked], "?")), Answer(values[asked])]
 
 
 @register
-class MultiValue(Probe):
+class MultiValue(NumberAnswers):
     name = "multivalue"
-    summary = ("one word with `values` needles of different values; every value is asked for, in the "
-               "order of the text (RULER niah_multivalue: 4 values)")
+    summary = ("one key with `values` needles of different values; every value is asked for, in the "
+               "order of the text, each its own verdict (RULER niah_multivalue: 4 values)")
     reference = "Hsieh et al. 2024, RULER (NVIDIA/RULER, scripts/synthetic.yaml, niah_multivalue)"
-    options = {"len": (180, 280), "values": 4, "digits": 3}
+    options = {"values": 4, "digits": 3}
 
     def instance(self, rng, size, variant):
-        w = rng.choice(WORDS)
+        key = rng.choice(KEYS)
         values = [number(rng, self.digits) for _ in range(self.values)]
-        return haystack(rng, [needle(w, v) for v in values]) + [
-            Text(f"What are the keys of {w}? The keys of {w} are"), Answer(" " + ", ".join(values))]
+        return haystack(rng, [needle(key, v) for v in values]) + [
+            Text(("what", "are", key, "?")), *listed(values)]
 
 
 @register
-class MultiQuery(Probe):
+class MultiQuery(NumberAnswers):
     name = "multiquery"
-    summary = ("`keys` needles with distinct words; `queries` of them are asked for in one question, "
-               "answered in the order asked (RULER niah_multiquery: 4 keys, 4 queries)")
+    summary = ("`keys` needles with distinct keys; `queries` of them are asked for in one question, "
+               "answered in the order asked, each its own verdict (RULER niah_multiquery: 4 keys, 4 queries)")
     reference = "Hsieh et al. 2024, RULER (NVIDIA/RULER, scripts/synthetic.yaml, niah_multiquery)"
-    options = {"len": (180, 280), "keys": 4, "queries": 2, "digits": 3}
+    options = {"keys": 4, "queries": 2, "digits": 3}
 
     def check(self) -> None:
         super().check()
-        if not self.queries <= self.keys <= len(WORDS):
-            raise PosbenchError(f"multiquery needs queries <= keys <= {len(WORDS)}, got {self.queries}, {self.keys}")
+        if not self.queries <= self.keys <= N_KEYS:
+            raise PosbenchError(f"multiquery needs queries <= keys <= {N_KEYS}, got {self.queries}, {self.keys}")
 
     def instance(self, rng, size, variant):
-        words = rng.sample(WORDS, self.keys)
-        values = dict(zip(words, (number(rng, self.digits) for _ in words)))
-        asked = rng.sample(words, self.queries)
-        names = ", ".join(asked)
-        return haystack(rng, [needle(w, v) for w, v in values.items()]) + [
-            Text(f"What are the keys of {names}? The keys of {names} are"),
-            Answer(" " + ", ".join(values[w] for w in asked))]
+        keys = rng.sample(KEYS, self.keys)
+        values = dict(zip(keys, (number(rng, self.digits) for _ in keys)))
+        asked = rng.sample(keys, self.queries)
+        question = [s for i, k in enumerate(asked) for s in ((",", k) if i else (k,))]
+        return haystack(rng, [needle(k, v) for k, v in values.items()]) + [
+            Text(("what", "are", *question, "?")), *listed(values[k] for k in asked)]
 
 
 @register
 class VarTrack(Probe):
     name = "vartrack"
-    summary = ("variable tracking: 'VAR AB = N.' then `hops` assignments 'VAR CD = VAR AB.' along one "
-               "chain, spread through the filler; the answer names every variable holding N, in chain "
-               "order (RULER vt: 1 chain, 4 hops)")
+    summary = ("variable tracking: 'var X = N .' then `hops` assignments 'var Y = var X .' along one "
+               "chain, spread through the haystack; the answer names every variable holding N, in "
+               "chain order, each its own verdict (RULER vt: 1 chain, 4 hops)")
     reference = "Hsieh et al. 2024, RULER (NVIDIA/RULER, scripts/synthetic.yaml, vt)"
-    options = {"len": (180, 280), "hops": 4, "digits": 4}
+    options = {"hops": 4, "digits": 4}
+
+    def check(self) -> None:
+        super().check()
+        if self.hops + 1 > N_KEYS:
+            raise PosbenchError(f"vartrack hops must be at most {N_KEYS - 1}, got {self.hops}")
+
+    @property
+    def chance(self) -> float:
+        return 1 / N_KEYS
 
     def instance(self, rng, size, variant):
-        names = []
-        while len(names) < self.hops + 1:  # distinct two-letter names
-            name = "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(2))
-            if name not in names:
-                names.append(name)
+        names = rng.sample(KEYS, self.hops + 1)
         value = number(rng, self.digits)
-        chain = [Text(f"VAR {names[0]} = {value}. ")] + [
-            Text(f"VAR {b} = VAR {a}. ") for a, b in zip(names, names[1:])]
+        chain = [Text(("var", names[0], "=", *value, "."))] + [
+            Text(("var", b, "=", "var", a, ".")) for a, b in zip(names, names[1:])]
         return haystack(rng, chain) + [
-            Text(f"Which variables hold {value}? They are"), Answer(" " + " ".join(names))]
+            Text(("which", "var", "hold", *value, "?")), *(Answer((n,)) for n in names)]
 
 
 @register
 class MQAR(Probe):
     name = "mqar"
-    summary = ("multi-query associative recall: key-value pairs ('ab 3 cd 7 ...'), filler, then "
-               "`queries` of the keys, each to be followed by its value; a prompt of L tokens holds "
-               "L / `spacing` pairs (Zoology's T / pairs = 16: (64, 4) .. (256, 16)); training "
-               "documents hold `pairs` pairs and up to `spacing` characters of filler per pair")
+    summary = ("multi-query associative recall: a list of key-value pairs 'k3 v17 k9 v2 ...' (keys "
+               "and values single symbols from disjoint sets of `keys` and `values`), then every key "
+               "once more in random order, each followed by its value (one verdict each), filler at "
+               "random between the queries; an example of L tokens holds L / `spacing` pairs, rounded up "
+               "(Zoology's T / pairs = 16: (64, 4) .. (256, 16))")
     reference = "Arora et al. 2023, Zoology (HazyResearch/zoology, MQAR)"
-    options = {"pairs": (4, 16), "queries": 4, "spacing": 16}
+    options = {"spacing": 16, "keys": N_KEYS, "values": N_VALUES}
+    grows = "pairs"
+    sized = True
 
     def check(self) -> None:
         super().check()
-        if not self.queries <= self.pairs[0] <= self.pairs[1] <= 26 * 25:
-            raise PosbenchError(f"mqar needs queries <= pairs <= 650, got {self.queries}, {self.pairs}")
+        if self.keys > N_KEYS or self.values > N_VALUES:
+            raise PosbenchError(f"mqar takes at most {N_KEYS} keys and {N_VALUES} values, "
+                                f"got {self.keys} and {self.values}")
+        if self.spacing < 4:
+            raise PosbenchError(f"mqar spacing must be at least 4 (a pair and its query), got {self.spacing}")
+
+    @property
+    def chance(self) -> float:
+        return 1 / self.values
+
+    def size_for(self, length: int) -> int:
+        return min(self.keys, max(1, -(-length // self.spacing))) if length >= 4 else 0
 
     def instance(self, rng, size, variant):
-        keys: list[str] = []
-        while len(keys) < size:  # distinct two-letter keys
-            key = "".join(rng.sample("abcdefghijklmnopqrstuvwxyz", 2))
-            if key not in keys:
-                keys.append(key)
-        values = {k: str(rng.randrange(10)) for k in keys}
-        out = [Text("\n" + " ".join(f"{k} {values[k]}" for k in keys)), Fill(1.0), Text("\n?")]
-        for k in rng.sample(keys, self.queries):
-            out += [Text(f" {k}"), Answer(f" {values[k]}")]
+        keys = rng.sample(KEYS[: self.keys], size)
+        values = {k: rng.choice(VALUES[: self.values]) for k in keys}
+        gaps = random_weights(rng, size)
+        out: list = [Text(tuple(s for k in keys for s in (k, values[k])))]
+        for k, gap in zip(rng.sample(keys, size), gaps):
+            out += [Fill(gap), Text((k,)), Answer((values[k],))]
         return out
-
-    def document(self, rng):
-        pairs = rng.randint(*self.pairs)
-        return render(self.instance(rng, pairs, None), rng.randint(0, pairs * self.spacing))
-
-    def prompt(self, maker, rng, length, variant):
-        return maker.build(self.instance(rng, max(self.queries, length // self.spacing), variant), length, self.name)

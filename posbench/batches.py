@@ -1,0 +1,141 @@
+"""Training batches, one interface for every kind of data: (tokens, targets, loss mask, positions).
+
+- `LMWindows`: a text corpus as random windows of train_len tokens, every target scored (no mask),
+  exactly the draws of the training loop before probes trained on examples, so LM runs keep their
+  numbers and run_ids.
+- `ProbeExamples`: a probe's whole examples, one per row, of lengths drawn across the length
+  curriculum (posbench.probes.base), padded at the end; only the answer tokens carry loss, as in
+  Zoology and the randomized-PE suite (labels -100 elsewhere there, a zero mask here).
+
+A source also validates: the mean loss of what it scores on held-out data (and, for probes, the
+per-answer accuracy at the training length: the learning curve of the run's log). train.py draws
+every batch through `sample` and knows nothing else about the data.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from posbench.errors import PosbenchError
+from posbench.positions import training_positions
+from posbench.probes import TOKENIZER, Probe
+
+VALID_EXAMPLES = 256  # held-out probe examples at the training length, scored at every eval_interval
+
+
+@dataclass
+class Batch:
+    tokens: torch.Tensor  # (B, T) inputs
+    targets: torch.Tensor  # (B, T) next tokens
+    # (B, T) weight of each target, 0 where it carries no loss, scaled so that its sum is B: the sum
+    # of weighted losses over B rows is then the mean over scored targets, and stays so over the
+    # row slices of data-parallel ranks. None: every target is scored alike.
+    mask: torch.Tensor | None
+    positions: torch.Tensor | None  # (T,) positions; None: 0..T-1
+
+    def to(self, device) -> Batch:
+        def move(x):
+            return None if x is None else x.to(device)
+
+        return Batch(move(self.tokens), move(self.targets), move(self.mask), move(self.positions))
+
+
+def masked_mean(losses: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The mean of the scored losses (B, T): all of them without a mask."""
+    if mask is None:
+        return losses.mean()
+    return (losses * mask).sum() / mask.shape[0]
+
+
+class LMWindows:
+    """Random windows of a token stream, every next token scored."""
+
+    def __init__(self, stream: torch.Tensor, valid: torch.Tensor, t):
+        if len(stream) < t.train_len + 2:
+            raise PosbenchError(f"the training split ({len(stream)} tokens) is shorter than one window "
+                                f"of train_len {t.train_len} plus its target")
+        self.stream, self.valid, self.t = stream, valid, t
+
+    def sample(self, gen: torch.Generator) -> Batch:
+        t = self.t
+        starts = torch.randint(0, len(self.stream) - t.train_len - 1, (t.batch_size,), generator=gen)
+        chunk = self.stream[starts[:, None] + torch.arange(t.train_len + 1)]  # (B, T + 1)
+        return Batch(chunk[:, :-1], chunk[:, 1:], None, training_positions(t, gen))
+
+    @torch.no_grad()
+    def validate(self, model, device, autocast, batch: int = 16) -> dict[str, float]:
+        """Mean loss over the first `eval_windows` non-overlapping windows of train_len."""
+        t = self.t
+        n = min(t.eval_windows, (len(self.valid) - 1) // t.train_len)
+        if n < 1:
+            raise PosbenchError(f"validation split is shorter than one window of {t.train_len}")
+        model.eval()
+        total = 0.0
+        for i in range(0, n, batch):
+            rows = torch.arange(i, min(n, i + batch))[:, None] * t.train_len + torch.arange(t.train_len + 1)
+            chunk = self.valid[rows].to(device)
+            with autocast:
+                total += float(model.token_losses(chunk[:, :-1], chunk[:, 1:]).sum())
+        model.train()
+        return {"val_loss": total / (n * t.train_len)}
+
+
+def example_rows(examples, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inputs, targets and answer mask (B, length) of examples of at most `length` tokens, padded
+    at the end: a target is scored where it is an answer token."""
+    rows = torch.full((len(examples), length + 1), TOKENIZER.pad_id, dtype=torch.long)
+    mask = torch.zeros(len(examples), length)
+    for b, e in enumerate(examples):
+        rows[b, : len(e.tokens)] = torch.tensor(e.tokens)
+        mask[b, torch.tensor(e.answer_positions) - 1] = 1.0  # answer token p is the target of input p - 1
+    return rows[:, :-1], rows[:, 1:], mask
+
+
+class ProbeExamples:
+    """A probe's examples, one per row, lengths across the curriculum up to train_len."""
+
+    def __init__(self, probe: Probe, t):
+        probe.training_example(random.Random(0), t.train_len)  # a train_len too short fails here
+        self.probe, self.t = probe, t
+        rng = random.Random(f"{probe.name}:valid")
+        self.valid = [probe.example(rng, t.train_len) for _ in range(VALID_EXAMPLES)]
+
+    def sample(self, gen: torch.Generator) -> Batch:
+        t = self.t
+        seeds = torch.randint(0, 2**62, (t.batch_size,), generator=gen).tolist()
+        examples = [self.probe.training_example(random.Random(s), t.train_len) for s in seeds]
+        x, y, mask = example_rows(examples, t.train_len)
+        return Batch(x, y, mask * (len(examples) / mask.sum()), training_positions(t, gen))
+
+    @torch.no_grad()
+    def validate(self, model, device, autocast, batch: int = 64) -> dict[str, float]:
+        """Answer-token loss and per-answer accuracy of the held-out examples at train_len."""
+        model.eval()
+        loss, scored, right, answers = 0.0, 0.0, 0, 0
+        for i in range(0, len(self.valid), batch):
+            chunk = self.valid[i: i + batch]
+            x, y, mask = (v.to(device) for v in example_rows(chunk, self.t.train_len))
+            with autocast:
+                logits = model(x)
+            losses = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten(),
+                                                       reduction="none").view(y.shape)
+            loss += float((losses * mask).sum())
+            scored += float(mask.sum())
+            hit = (logits.argmax(-1) == y).cpu()
+            for b, e in enumerate(chunk):
+                right += sum(bool(hit[b, torch.tensor(a) - 1].all()) for a in e.answers)
+                answers += len(e.answers)
+        model.train()
+        return {"val_loss": loss / max(scored, 1.0), "val_accuracy": right / max(answers, 1)}
+
+
+def source_for(spec, data):
+    """The batch source of a run: its probe's examples, or windows of its token data."""
+    from posbench.probes import PROBES, parse_probe, probe_name
+
+    if probe_name(spec.data.spec) in PROBES:
+        return ProbeExamples(parse_probe(spec.data.spec), spec.train)
+    return LMWindows(data.train, data.valid, spec.train)
