@@ -107,7 +107,7 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
             bar.advance(overall)
         specs = [s for s in specs if s.run_id not in done["failed"]]
         for spec in specs:
-            if spec.data != task.data or spec.train != task.train:
+            if spec.data != task.data or spec.train != task.train or is_probe(spec.data):
                 bar.advance(overall)  # a probe's run: scored on its probe below
                 continue
             run_dir = out / spec.run_id

@@ -397,12 +397,12 @@ def test_a_nan_run_does_not_stop_the_grid(corpus_dir, capsys, tmp_path, monkeypa
 
 
 def test_out_of_memory_one_line(trained, capsys, tmp_path, monkeypatch):
-    from posbench import train
+    from posbench import batches
 
     def no_memory(*args, **kwargs):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory")
 
-    monkeypatch.setattr(train, "sample_batch", no_memory)
+    monkeypatch.setattr(batches.LMWindows, "sample", no_memory)
     fails([*trained[1], "--runs-dir", tmp_path], capsys, "out of memory; use a smaller batch size")
 
 

@@ -14,8 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from conftest import TINY_MODEL, TINY_TRAIN
-from posbench import results
-from posbench import train as train_module
+from posbench import batches, results
 from posbench.errors import PosbenchError
 from posbench.train import CHECKPOINT, FINAL, RunSpec, train
 
@@ -63,7 +62,7 @@ def ctrl_c_reaches_python():
 def test_an_ignored_ctrl_c_stays_ignored(tiny_data, tmp_path, monkeypatch):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     spec = tiny_spec(tiny_data)
-    monkeypatch.setattr(*after(train_module, "sample_batch", 2))  # ignored: training runs to its end
+    monkeypatch.setattr(*after(batches.LMWindows, "sample", 2))  # ignored: training runs to its end
     train(spec, tmp_path, device="cpu", progress=False)
     assert (tmp_path / spec.run_id / FINAL).exists()
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
@@ -93,10 +92,10 @@ def after(owner, name: str, call: int, times: int = 1):
 # update, inside the validation pass of step 3; and a second Ctrl-C after the update, which stops
 # at once and falls back to the checkpoint of step 2.
 POINTS = {
-    "sample_batch": lambda: after(train_module, "sample_batch", 4),
+    "sample_batch": lambda: after(batches.LMWindows, "sample", 4),
     "backward": lambda: after(torch.Tensor, "backward", 4),
     "optimizer_step": lambda: after(torch.optim.AdamW, "step", 4),
-    "validation": lambda: after(train_module, "validation_loss", 1),
+    "validation": lambda: after(batches.LMWindows, "validate", 1),
     "twice_after_update": lambda: after(torch.optim.AdamW, "step", 4, times=2),
 }
 
@@ -147,7 +146,7 @@ def test_kill_between_checkpoint_and_log_then_resume_equals_uninterrupted(tiny_d
 def test_second_trainer_of_a_run_is_told_and_first_finishes(tiny_data, tmp_path, monkeypatch, uninterrupted):
     spec = tiny_spec(tiny_data)
     first_started, second_done = threading.Event(), threading.Event()
-    real = train_module.sample_batch
+    real = batches.LMWindows.sample
 
     def waiting(*args):
         if threading.current_thread().name == "first" and not first_started.is_set():
@@ -155,7 +154,7 @@ def test_second_trainer_of_a_run_is_told_and_first_finishes(tiny_data, tmp_path,
             second_done.wait(timeout=60)
         return real(*args)
 
-    monkeypatch.setattr(train_module, "sample_batch", waiting)
+    monkeypatch.setattr(batches.LMWindows, "sample", waiting)
     errors = []
 
     def first():

@@ -1,108 +1,106 @@
-"""Synthetic probes: deterministic generators, prompts of exactly L tokens whose answers an
-independent solver agrees with, the one-forward verdict (oracle 1, wrong 0, equal to greedy
-decoding), the `posbench probe` command, the [probes] step of `posbench run`, and bad input."""
+"""Synthetic probes: deterministic generators of examples of exactly L tokens in one-token symbols
+whose answers an independent solver agrees with, the length curriculum, the answer-only loss mask,
+per-answer and exact verdicts (oracle, greedy decoding), the learned-in-length gate, the `posbench
+probe` command, the [probes] step of `posbench run`, and bad input."""
 
+import random
 import re
 
 import pytest
 import torch
 
 from conftest import tiny_model
-from posbench import config, probing, results, stats
+from posbench import batches, config, effective, probing, results, stats
 from posbench.cli import main
-from posbench.data import BPETokenizer, ByteTokenizer, load_corpus
+from posbench.config import TrainConfig
+from posbench.data import DataConfig
 from posbench.errors import PosbenchError
 from posbench.grid import run_task
-from posbench.probes import PROBES, PromptMaker, parse_probe
+from posbench.probes import PROBES, TOKENIZER, parse_probe
+from posbench.probes.symbols import KEYS, SYMBOLS, VALUES
 
 NAMES = sorted(PROBES)
-LENGTH = 400  # bytes: long enough for every probe's default settings
+LENGTH = 96  # tokens: long enough for every probe's default settings
 
 
-def text(tokens) -> str:
-    return ByteTokenizer().decode(tokens)
+def symbols(tokens) -> list[str]:
+    return [SYMBOLS[t] for t in tokens]
 
 
-def ints(s: str) -> list[int]:
-    return [int(d) for d in s.split()]
+def sentences(before: list[str]) -> list[list[str]]:
+    out, current = [], []
+    for s in before:
+        current.append(s)
+        if s in (".", "?"):
+            out.append(current)
+            current = []
+    return out + [current]
 
 
-def passkey(before: str) -> str:
-    return re.search(r"The pass key is (\d+)\. Remember", before).group(1)
-
-
-def needles(before: str) -> dict[str, list[str]]:
+def needles(before: list[str]) -> dict[str, list[str]]:
+    """KEY -> the values of its needles 'KEY is d d d .', in order."""
     found: dict[str, list[str]] = {}
-    for word, value in re.findall(r"The key of (\w+) is (\d+)\. ", before):
-        found.setdefault(word, []).append(value)
+    for i, s in enumerate(before):
+        if s in KEYS and i + 1 < len(before) and before[i + 1] == "is":
+            value = before[i + 2: before.index(".", i)]
+            found.setdefault(s, []).append("".join(value))
     return found
 
 
-def multikey(before: str) -> str:
-    return needles(before)[re.search(r"What is the key of (\w+)\?", before).group(1)][0]
+def question(before: list[str]) -> list[str]:
+    start = max(i for i, s in enumerate(before) if s in ("what", "which"))
+    return before[start:]
 
 
-def multivalue(before: str) -> str:
-    return ", ".join(needles(before)[re.search(r"What are the keys of (\w+)\?", before).group(1)])
-
-
-def multiquery(before: str) -> str:
-    asked = re.search(r"What are the keys of ([\w, ]+)\?", before).group(1).split(", ")
-    return ", ".join(needles(before)[w][0] for w in asked)
-
-
-def vartrack(before: str) -> str:
-    value = re.search(r"Which variables hold (\d+)\?", before).group(1)
-    holding = []
-    for name, source in re.findall(r"VAR ([A-Z]+) = (VAR [A-Z]+|\d+)\. ", before):
-        if source == value or source[4:] in holding:
-            holding.append(name)
-    return " ".join(holding)
-
-
-def mqar(before: str, queries: list[str]) -> str:
-    pairs = dict(re.findall(r"([a-z]{2}) (\d)", before.split("\n")[1]))
-    return " | ".join(pairs[q] for q in queries)
-
-
-def algorithmic(name: str, before: str) -> str:
-    xs = before.rsplit(f"\n{name}", 1)[1].rstrip(" =")
-    if name == "addition":
-        a, b = (ints(part)[::-1] for part in xs.split("+"))
-        total = int("".join(map(str, a))) + int("".join(map(str, b)))
-        return " ".join(str(total).zfill(len(a) + 1)[::-1])
-    xs = ints(xs)
-    return " ".join(map(str, {"copy": xs, "reverse": xs[::-1], "sort": sorted(xs),
-                              "parity": [sum(xs) % 2]}[name]))
-
-
-def solve(name: str, prompt) -> str:
-    """The answer, worked out from the prompt's text alone (mqar: the text before each answer)."""
-    before = text(prompt.tokens[: prompt.answer[0]])
+def solve(name: str, e) -> list[str]:
+    """Each answer, worked out from the symbols before the first answer alone (mqar: before each)."""
+    toks = symbols(e.tokens)
+    before = toks[: e.answers[0][0]]
     if name == "mqar":
-        queries = [text(prompt.tokens[: a]).split()[-1] for a in prompt.answer]
-        return mqar(before, queries)
-    solvers = {"passkey": passkey, "multikey": multikey, "multivalue": multivalue,
-               "multiquery": multiquery, "vartrack": vartrack}
-    return solvers[name](before) if name in solvers else algorithmic(name, before)
+        listing = toks[: next(i for i, s in enumerate(toks) if s not in KEYS + VALUES)]
+        pairs = dict(zip(listing[::2], listing[1::2]))
+        return [pairs[toks[a[0] - 1]] for a in e.answers]
+    if name == "passkey":
+        i = before.index("pass")
+        return ["".join(before[i + 3: before.index(".", i)])]
+    if name in ("copy", "reverse", "sort", "parity", "addition"):
+        return algorithmic(name, before)
+    asked = [s for s in question(before) if s in KEYS]
+    if name == "multikey":
+        return [needles(before)[asked[0]][0]]
+    if name == "multivalue":
+        return needles(before)[asked[0]]
+    if name == "multiquery":
+        return [needles(before)[k][0] for k in asked]
+    assert name == "vartrack"
+    value = "".join(s for s in question(before) if s.isdigit())
+    holding = []
+    for s in sentences(before[: -len(question(before))]):
+        if "var" in s:  # 'var X = d d d d .' or 'var Y = var X .' after some filler
+            i = s.index("var")
+            target, source = s[i + 1], s[i + 3:-1]
+            if "".join(source) == value or (source[:1] == ["var"] and source[1] in holding):
+                holding.append(target)
+    return holding
 
 
-def prompts(name, length=LENGTH, n=6, seed=0, tokenizer=None):
+def algorithmic(name: str, before: list[str]) -> list[str]:
+    xs = before[len(before) - before[::-1].index(name):-1]
+    if name == "addition":
+        cut = xs.index("+")
+        a, b = (list(map(int, part))[::-1] for part in (xs[:cut], xs[cut + 1:]))
+        total = int("".join(map(str, a))) + int("".join(map(str, b)))
+        return list(str(total).zfill(len(a) + 1)[::-1])
+    xs = list(map(int, xs))
+    return [str(y) for y in {"copy": xs, "reverse": xs[::-1], "sort": sorted(xs), "parity": [sum(xs) % 2]}[name]]
+
+
+def prompts(name, length=LENGTH, n=6, seed=0):
     probe = parse_probe(name)
-    maker = PromptMaker(tokenizer or ByteTokenizer())
-    return [p for v in probe.variants() for p in probe.prompts(maker, length, v, n, seed)]
+    return [p for v in probe.variants() for p in probe.prompts(length, v, n, seed)]
 
 
 # --- generators ------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_documents_are_deterministic_per_seed(name):
-    spec = f"{name}:docs=200"
-    a, b, other = load_corpus(spec), load_corpus(spec), load_corpus(f"{spec},seed=1")
-    assert a.splits == b.splits and a.fingerprint == b.fingerprint
-    assert other.fingerprint != a.fingerprint and all(a.splits.values())
-    assert sum(len(s) for s in a.splits.values()) == 200
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -110,63 +108,82 @@ def test_prompts_are_deterministic_and_exactly_the_length(name):
     first, again, other = prompts(name), prompts(name), prompts(name, seed=1)
     assert [p.tokens for p in first] == [p.tokens for p in again]
     assert [p.tokens for p in first] != [p.tokens for p in other]
-    longer = prompts(name, 2 * LENGTH, n=2)
-    for p in first + longer:
-        assert len(p.tokens) in (LENGTH, 2 * LENGTH) and p.answer == sorted(p.answer)
-        assert p.answer[0] > 0 and p.answer[-1] < len(p.tokens)
+    for p in first + prompts(name, 2 * LENGTH, n=2):
+        assert len(p.tokens) in (LENGTH, 2 * LENGTH) and p.answer_positions == sorted(p.answer_positions)
+        assert p.answers[0][0] > 0 and p.answers[-1][-1] < len(p.tokens)
+        assert TOKENIZER.pad_id not in p.tokens
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_the_answer_is_where_the_probe_says_and_right(name):
+def test_every_answer_is_where_the_probe_says_and_right(name):
     for p in prompts(name):
-        assert text(p.tokens[i] for i in p.answer).replace(" ", "") == p.answer_text.replace(" ", "").replace("|", "")
-        assert solve(name, p) == p.answer_text
+        given = ["".join(symbols(p.tokens[i] for i in a)) for a in p.answers]
+        assert given == solve(name, p), TOKENIZER.decode(p.tokens)
+        assert p.answer_text.replace(" ", "").split("|") == given
 
 
-def test_sized_probes_grow_with_the_length():
-    short, long = prompts("copy", 100, n=1)[0], prompts("copy", 400, n=1)[0]
-    assert 3 * len(short.answer) < len(long.answer)
+@pytest.mark.parametrize("name", ["mqar", "multikey", "multiquery", "vartrack"])
+def test_a_key_is_one_token_the_same_in_the_context_and_the_query(name):
+    for p in prompts(name):
+        toks = p.tokens[: p.answers[0][0]]
+        keys = [t for t in toks if SYMBOLS[t] in KEYS]
+        asked = keys[-1]  # the last key before the first answer is a query
+        assert keys.count(asked) >= 2  # once in the context, once in the question
+        assert all(len(SYMBOLS[t].split()) == 1 for t in toks)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_bpe_prompts_are_exactly_the_length(name):
-    corpus = load_corpus(f"{name}:docs=60")
-    tok = BPETokenizer.train(corpus.splits["train"], 400)
-    for p in prompts(name, 300, n=3, tokenizer=tok):
-        assert len(p.tokens) == 300
-        answer = tok.decode([p.tokens[i] for i in p.answer])
-        assert answer.replace(" ", "") == p.answer_text.replace(" ", "").replace("|", "")
+def test_every_symbol_is_one_token_and_the_vocabulary_is_recorded():
+    assert len(set(SYMBOLS)) == len(SYMBOLS) == TOKENIZER.vocab_size
+    assert TOKENIZER.encode(["k3", "v7", "4"]) == [SYMBOLS.index("k3"), SYMBOLS.index("v7"), SYMBOLS.index("4")]
+    data = DataConfig(spec="mqar", tokenizer="bpe", vocab_size=300)
+    assert (data.tokenizer, data.vocab_size) == ("symbols", TOKENIZER.vocab_size)
+    assert DataConfig(spec="pystdlib").tokenizer == "bpe"
 
 
-def test_passkey_keeps_its_construction():
-    p = prompts("passkey", 300, n=4)
-    probe = parse_probe("passkey")
-    for depth, group in zip(probe.variants(), [p[i: i + 4] for i in range(0, len(p), 4)]):
-        for t in group:
-            key = t.answer_text
-            sentence = probe.key_sentence(key)
-            free = 300 - len(sentence) - len(probe.QUESTION) - 1 - len(key)
-            assert text(t.tokens).index(sentence) == round(depth * free)
-            assert text(t.tokens).endswith(f"{probe.QUESTION} {key}") and len(t.answer) == 5
+def test_instances_grow_as_the_probe_says():
+    short, long = prompts("copy", 24, n=1)[0], prompts("copy", 96, n=1)[0]
+    assert 3 * len(short.answers) < len(long.answers)
+    mqar = parse_probe("mqar")
+    assert [len(prompts("mqar", n, n=1)[0].answers) for n in (64, 128, 256)] == [4, 8, 16]
+    assert mqar.grows == "pairs" and parse_probe("copy").grows == "digits"
+    near, far = prompts("passkey", 64, n=1)[0], prompts("passkey", 256, n=1)[0]
+    assert len(near.answers) == len(far.answers) == 1 and parse_probe("passkey").grows == "filler"
+    assert parse_probe("mqar:keys=8").size_for(1024) == 8  # no more pairs than keys
+
+
+@pytest.mark.parametrize("name", ["mqar", "copy", "passkey"])
+def test_training_lengths_span_the_range(name):
+    probe = parse_probe(name)
+    rng = random.Random(0)
+    lengths = [len(probe.training_example(rng, 64).tokens) for _ in range(2000)]
+    lo = probe.min_length()
+    assert min(lengths) == lo and max(lengths) == 64
+    assert len(set(lengths)) == 64 - lo + 1  # every length of the range occurs
+    middle = sum(lo + (64 - lo) / 4 <= n <= 64 - (64 - lo) / 4 for n in lengths) / len(lengths)
+    assert 0.4 < middle < 0.6  # about uniform
+
+
+def test_the_prompt_at_the_training_length_is_a_training_example():
+    probe, rng = parse_probe("mqar"), random.Random(1)
+    shapes = {len(probe.training_example(rng, 64).answers) for _ in range(500)}
+    assert shapes == {1, 2, 3, 4} and len(prompts("mqar", 64, n=1)[0].answers) == 4
 
 
 def test_options_and_canonical_settings():
-    assert parse_probe("passkey:3,120-300,digits=4").settings() == "seed=3,docs=40000,len=120-300,digits=4"
-    assert parse_probe("copy:size=2-9").size == (2, 9)
-    assert parse_probe("copy") == parse_probe("copy:seed=0")
+    assert parse_probe("passkey:digits=4").settings() == "digits=4"
+    assert parse_probe("mqar:spacing=8").settings() == "spacing=8,keys=64,values=64"
+    assert parse_probe("copy") == parse_probe("copy:")
 
 
 @pytest.mark.parametrize("spec, message", [
     ("pasky", "unknown probe 'pasky'; did you mean 'passkey'"),
-    ("copy:colour=red", "unknown option 'colour' in data spec 'copy:colour=red': use copy[:seed=0"),
-    ("copy:size=a-b", "bad size 'a-b'"),
-    ("copy:x", "bad seed 'x'"),
-    ("copy:size=9-3", "size 9-3 must be positive and low-high"),
-    ("copy:docs=3", "docs must be at least 40"),
-    ("passkey:len=20-40", "needs at least 102 characters"),
+    ("copy:colour=red", "unknown option 'colour' in data spec 'copy:colour=red': use copy"),
+    ("mqar:spacing=x", "bad spacing 'x'"),
+    ("mqar:size=1-4", "unknown option 'size'"),
     ("passkey:digits=0", "digits must be in 1..18"),
-    ("mqar:queries=0", "queries must be at least 1"),
-    ("multikey:keys=99", "keys must be at most 20"),
+    ("mqar:spacing=2", "spacing must be at least 4"),
+    ("mqar:keys=99", "at most 64 keys"),
+    ("multikey:keys=99", "keys must be at most 64"),
     ("multiquery:queries=5", "queries <= keys"),
 ])
 def test_bad_specs_are_one_clear_error(spec, message):
@@ -175,8 +192,68 @@ def test_bad_specs_are_one_clear_error(spec, message):
 
 
 def test_too_short_length_is_one_clear_error():
-    with pytest.raises(PosbenchError, match="passkey length 64 is too short: a prompt needs at least 102 tokens"):
-        prompts("passkey", 64)
+    with pytest.raises(PosbenchError, match="passkey length 16 is too short: an example needs at least 23 tokens"):
+        prompts("passkey", 16)
+    with pytest.raises(PosbenchError, match="multikey examples need at least 36 tokens; train_len is 32"):
+        parse_probe("multikey").training_example(random.Random(0), 32)
+
+
+# --- batches: whole examples, the loss on answers only ----------------------------------------
+
+
+def probe_batch(name="mqar", train_len=32, batch_size=4, seed=0):
+    source = batches.ProbeExamples(parse_probe(name), TrainConfig(train_len=train_len, batch_size=batch_size))
+    return source.sample(torch.Generator().manual_seed(seed))
+
+
+def test_examples_are_rows_padded_at_the_end_with_the_answers_scored():
+    b = probe_batch()
+    assert b.tokens.shape == b.targets.shape == b.mask.shape == (4, 32) and b.positions is None
+    assert torch.equal(b.tokens[:, 1:], b.targets[:, :-1])
+    scored = b.mask > 0
+    assert not (b.targets[scored] == TOKENIZER.pad_id).any()
+    assert all(SYMBOLS[t].startswith("v") for t in b.targets[scored].tolist())  # mqar's answers are values
+    assert float(b.mask.sum()) == pytest.approx(4.0)  # weights sum to the rows: a row-mean is the answer mean
+
+
+def test_a_non_answer_target_does_not_move_the_loss_and_an_answer_target_does():
+    model = tiny_model("rope", train_len=32, vocab=TOKENIZER.vocab_size)
+    b = probe_batch()
+
+    @torch.no_grad()
+    def loss(targets):
+        return float(batches.masked_mean(model(b.tokens, None, targets=targets), b.mask))
+
+    base = loss(b.targets)
+    free = (b.mask == 0).nonzero()[0].tolist()
+    answer = (b.mask > 0).nonzero()[0].tolist()
+    other = b.targets.clone()
+    other[free[0], free[1]] = (other[free[0], free[1]] + 1) % TOKENIZER.vocab_size
+    assert loss(other) == base
+    other = b.targets.clone()
+    other[answer[0], answer[1]] = (other[answer[0], answer[1]] + 1) % TOKENIZER.vocab_size
+    assert loss(other) != base
+    with torch.no_grad():
+        per = model(b.tokens, None, targets=b.targets)
+    assert base == pytest.approx(float(per[b.mask > 0].mean()))
+
+
+def test_row_slices_average_to_the_batch_mean():
+    """Data-parallel ranks each take rows; the mean of their masked means is the batch's."""
+    b = probe_batch(batch_size=8)
+    losses = torch.rand(8, 32)
+    halves = [batches.masked_mean(losses[i: i + 4], b.mask[i: i + 4]) for i in (0, 4)]
+    assert float(sum(halves) / 2) == pytest.approx(float(batches.masked_mean(losses, b.mask)))
+
+
+def test_lm_windows_are_the_draws_of_before():
+    stream = torch.arange(1000)
+    t = TrainConfig(train_len=16, batch_size=3)
+    b = batches.LMWindows(stream, stream, t).sample(torch.Generator().manual_seed(5))
+    gen = torch.Generator().manual_seed(5)
+    starts = torch.randint(0, len(stream) - 17, (3,), generator=gen)
+    chunk = stream[starts[:, None] + torch.arange(17)]
+    assert torch.equal(b.tokens, chunk[:, :-1]) and torch.equal(b.targets, chunk[:, 1:]) and b.mask is None
 
 
 # --- scoring ---------------------------------------------------------------------------------
@@ -192,7 +269,7 @@ def prefix_hashes(row) -> list[int]:
 
 class Oracle:
     """Knows every prompt's answers: after a prompt's prefix it puts its mass on the next answer
-    token, plus `wrong(prompt, k)` (mod the vocabulary) on the k-th answer token."""
+    token, plus `wrong(prompt, k)` (mod the vocabulary) on the tokens of its k-th answer."""
 
     class cfg:
         n_heads = 1
@@ -201,13 +278,14 @@ class Oracle:
         self.next = {}
         for i, p in enumerate(prompts):
             h = prefix_hashes(p.tokens)
-            for k, a in enumerate(p.answer):
-                self.next[(a, h[a])] = (p.tokens[a] + wrong(i, k)) % 257
+            for k, answer in enumerate(p.answers):
+                for a in answer:
+                    self.next[(a, h[a])] = (p.tokens[a] + wrong(i, k)) % TOKENIZER.vocab_size
         self.widths = []
 
     def __call__(self, idx, pos=None):
         self.widths.append(idx.shape[1])
-        logits = torch.zeros(*idx.shape, 257)
+        logits = torch.zeros(*idx.shape, TOKENIZER.vocab_size)
         for b, row in enumerate(idx.tolist()):
             for a, h in enumerate(prefix_hashes(row)):
                 if (a, h) in self.next:
@@ -215,34 +293,74 @@ class Oracle:
         return logits
 
 
-def greedy(model, prompt) -> bool:
+def greedy(model, prompt) -> list[bool]:
     """The reference: decode token by token after the first answer's prompt, the model's choice at
-    answer positions and the prompt's tokens elsewhere; a hit is every answer token right."""
-    x = list(prompt.tokens[: prompt.answer[0]])
-    for at in range(prompt.answer[0], len(prompt.tokens)):
-        x.append(int(model(torch.tensor([x]))[0, -1].argmax()) if at in prompt.answer else prompt.tokens[at])
-    return all(x[a] == prompt.tokens[a] for a in prompt.answer)
+    answer positions and the prompt's tokens elsewhere (teacher forcing between answers: an answer
+    is judged given the true ones before it, as Zoology's per-query accuracy)."""
+    out = []
+    for answer in prompt.answers:
+        x = list(prompt.tokens[: answer[0]])
+        for at in answer:
+            x.append(int(model(torch.tensor([x]))[0, -1].argmax()))
+        out.append(x[answer[0]:] == prompt.tokens[answer[0]: answer[-1] + 1])
+    return out
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_oracle_scores_one_and_wrong_answers_zero(name):
     ps = prompts(name, n=3)
     oracle = Oracle(ps)
-    assert probing.verdicts(oracle, ps, "cpu") == [True] * len(ps)
+    assert probing.verdicts(oracle, ps, "cpu") == [[True] * len(p.answers) for p in ps]
     assert oracle.widths == [LENGTH]  # one forward of exactly the length
-    assert probing.verdicts(Oracle(ps, lambda i, k: 1), ps, "cpu") == [False] * len(ps)
-    last = {i: len(p.answer) - 1 for i, p in enumerate(ps)}
-    assert probing.verdicts(Oracle(ps, lambda i, k: k == last[i]), ps, "cpu") == [False] * len(ps)
+    assert probing.verdicts(Oracle(ps, lambda i, k: 1), ps, "cpu") == [[False] * len(p.answers) for p in ps]
+    last = {i: len(p.answers) - 1 for i, p in enumerate(ps)}
+    judged = probing.verdicts(Oracle(ps, lambda i, k: k == last[i]), ps, "cpu")
+    assert judged == [[True] * (len(p.answers) - 1) + [False] for p in ps]
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_one_forward_gives_the_greedy_verdict(name):
-    ps = prompts(name, 100 if parse_probe(name).sized else LENGTH, n=4)
-    sometimes = Oracle(ps, lambda i, k: i % 2 and k == 0)  # wrong on every other prompt
-    verdicts = probing.verdicts(sometimes, ps, "cpu")
-    assert verdicts == [greedy(sometimes, p) for p in ps] and 0 < sum(verdicts) < len(ps)
-    model = tiny_model("rope", train_len=LENGTH, vocab=257)
+@pytest.mark.parametrize("name", ["mqar", "multivalue", "copy", "passkey"])
+def test_one_forward_gives_the_greedy_verdicts(name):
+    ps = prompts(name, n=4)
+    sometimes = Oracle(ps, lambda i, k: i % 2 and k == 0)  # wrong first answer on every other prompt
+    judged = probing.verdicts(sometimes, ps, "cpu")
+    assert judged == [greedy(sometimes, p) for p in ps] and 0 < sum(all(v) for v in judged) < len(ps)
+    model = tiny_model("rope", train_len=LENGTH, vocab=TOKENIZER.vocab_size)
     assert probing.verdicts(model, ps[:1], "cpu") == [greedy(model, ps[0])]
+
+
+def test_per_answer_and_exact_verdicts_of_hand_built_cells():
+    cell = probing.counts([[True, False, True, True], [True, True, True, True], [False, False, False, False]])
+    assert cell == {"answers": 12, "hits": 7, "trials": 3, "exact": 1}
+    cols = probing.verdict_columns(cell)
+    assert cols["accuracy"] == pytest.approx(7 / 12) and cols["exact_match"] == pytest.approx(1 / 3)
+    assert (cols["acc_lo"], cols["acc_hi"]) == pytest.approx(stats.wilson(7, 12))
+    assert (cols["em_lo"], cols["em_hi"]) == pytest.approx(stats.wilson(1, 3))
+
+
+def gated(accuracy_at_home, threshold=0.9):
+    rows = [{"scaling": s, "extension": "none", "train_len": 64, "eval_len": n, "status": "ok", "reason": "",
+             "answers": 100, "hits": round(100 * (accuracy_at_home if n == 64 else 0.1))}
+            for s in ("none", "yarn") for n in (64, 128)]
+    rows[2]["hits"] = 95  # yarn learned at home
+    return probing.gate(rows, threshold)
+
+
+def test_a_run_below_the_learned_threshold_in_length_is_not_learned():
+    rows = gated(0.5)
+    assert [r["status"] for r in rows] == ["not learned", "not learned", "ok", "ok"]
+    assert "below 0.9" in rows[0]["reason"]
+    assert [r["status"] for r in gated(0.95)] == ["ok"] * 4
+
+
+def test_effective_length_of_a_not_learned_run_and_the_criterion_above_chance():
+    base = {"run_id": "r", "task": "t", "scheme": "rope", "params": "", "seed": "0", "train_len": "64",
+            "probe": "parity", "scaling": "none", "extension": "none", "chance": "0.5", "answers": "100",
+            "trials": "100", "position_draws": "0"}
+    rows = [{**base, "eval_len": str(n), "hits": str(h), "status": "ok"} for n, h in ((64, 100), (128, 70))]
+    (row,) = effective.accuracy_rows(rows, 0.5)
+    assert row["criterion"] == 0.75 and row["effective_len"] == 64  # 70% is below half-way from chance
+    (row,) = effective.accuracy_rows([{**r, "status": "not learned"} for r in rows], 0.5)
+    assert row["status"] == "not learned" and row["effective_len"] is None
 
 
 # --- end to end ------------------------------------------------------------------------------
@@ -252,25 +370,24 @@ version = 1
 name = "tinyprobes"
 schemes = ["rope", "learned"]
 [data]
-spec = "passkey:docs=200,len=110-200"
-tokenizer = "bytes"
+spec = "passkey"
 [model]
 d_model = 16
 n_layers = 1
 n_heads = 2
 [train]
-train_len = 128
+train_len = 32
 steps = 2
 batch_size = 2
 warmup = 1
 eval_interval = 2
 eval_windows = 2
 [eval]
-lengths = [128]
-tokens = 128
+lengths = [32]
+tokens = 64
 [probes]
-names = ["passkey:docs=200,len=110-200", "copy:docs=100,size=1-20"]
-lengths = [128, 256]
+names = ["passkey", "copy"]
+lengths = [32, 64]
 trials = 2
 randomized = ["rope"]
 """
@@ -286,8 +403,8 @@ def probe_run(tmp_path_factory):
 
 def test_run_trains_one_model_per_probe_and_scheme_and_resumes(probe_run):
     path, out, first = probe_run
-    # passkey is also the task's data: its runs are shared; rope once more randomized per probe
-    assert first["trained"] == 2 * 3 and first["evaluated"] == 2 and first["probes"] == 6
+    # passkey is also the task's data: its runs are shared (and scored by probes, not perplexity)
+    assert first["trained"] == 2 * 3 and first["evaluated"] == 0 and first["probes"] == 6
     rows = results.read_rows(out / "probes.csv")
     count = {}
     for r in rows:
@@ -296,45 +413,55 @@ def test_run_trains_one_model_per_probe_and_scheme_and_resumes(probe_run):
     assert count == {(p, s, z): n * 2 for p, n in (("passkey", 5), ("copy", 1))  # randomized: 4 draws
                      for s, z in (("rope", "0"), ("learned", "0"), ("rope", "4"))}
     for r in rows:
-        unsupported = r["scheme"] == "learned" and r["eval_len"] == "256"
-        assert r["status"] == ("unsupported" if unsupported else "ok")
-        assert r["ratio"] == ("1" if r["eval_len"] == "128" else "2")
+        unsupported = r["scheme"] == "learned" and r["eval_len"] == "64"
+        # two steps learn nothing: every scored row is `not learned`, numbers kept
+        assert r["status"] == ("unsupported" if unsupported else "not learned")
+        assert r["ratio"] == ("1" if r["eval_len"] == "32" else "2")
     assert {r["variant"] for r in rows if r["probe"] == "copy"} == {""}
     assert {r["variant"] for r in rows if r["probe"] == "passkey"} == {f"depth={d:g}" for d in (0, .25, .5, .75, 1)}
-    attempts = {r["run_id"]: 2 * max(1, int(r["position_draws"])) for r in rows}
-    for r in (r for r in rows if r["status"] == "ok"):
-        wilson = stats.wilson(int(r["hits"]), attempts[r["run_id"]])
-        assert (float(r["acc_lo"]), float(r["acc_hi"])) == pytest.approx(wilson, abs=1e-5)
+    for r in (r for r in rows if r["status"] == "not learned"):
+        draws = max(1, int(r["position_draws"]))
+        assert int(r["trials"]) == 2 and float(r["chance"]) == parse_probe(r["probe"]).chance
+        assert (float(r["acc_lo"]), float(r["acc_hi"])) == pytest.approx(stats.wilson(int(r["hits"]), int(r["answers"])), abs=1e-5)
+        assert (float(r["em_lo"]), float(r["em_hi"])) == pytest.approx(stats.wilson(int(r["exact"]), 2 * draws), abs=1e-5)
     again = run_task(config.load_task(str(path)), out, device="cpu", speed=False)
     assert again["trained"] == 0 and again["probes"] == 0 and again["skipped_probes"] == 6
     assert len(results.read_rows(out / "probes.csv")) == len(rows)
     assert main(["report", str(out)]) == 0
     report = (out / "report.md").read_text()
     assert "## Probes" in report and "### copy" in report and "probe_passkey.png" in report
-    assert "rope+randomized" in report and "unsupported" in report
-    assert "Wilson 95% interval" in report and "## Effective length" in report
-    # one effective length per run and probe, hits pooled over the passkey depths
-    effective = results.read_rows(out / "effective_length.csv")
-    accuracy = [(r["run_id"], r["protocol"]) for r in effective if r["metric"] == "accuracy"]
-    assert sorted(accuracy) == sorted({(r["run_id"], r["probe"]) for r in rows})
+    assert "rope+randomized" in report and "unsupported" in report and "Chance per answer" in report
+    assert "not learned in length" in report and "Not learned in length (no extrapolation reading)" in report
+    # one effective length per run and probe, every one `not learned`
+    effective_rows = results.read_rows(out / "effective_length.csv")
+    accuracy = [r for r in effective_rows if r["metric"] == "accuracy"]
+    assert sorted((r["run_id"], r["protocol"]) for r in accuracy) == sorted({(r["run_id"], r["probe"]) for r in rows})
+    assert {r["status"] for r in accuracy} == {"not learned"} and "| not learned" in report
     assert (out / "probe_copy.png").stat().st_size > 1000
 
 
 def test_probe_cli_scores_runs_of_the_probe(probe_run, tmp_path, capsys):
     _, runs, _ = probe_run
     out = tmp_path / "out"
-    args = ["probe", "--probe", "copy", "--runs-dir", str(runs), "--lengths", "128,512", "--trials", "3",
+    args = ["probe", "--probe", "copy", "--runs-dir", str(runs), "--lengths", "32,128", "--trials", "3",
             "--scheme", "rope", "--rope-scaling", "none,yarn", "--device", "cpu", "--out", str(out)]
     assert main(args) == 0
     printed = capsys.readouterr().out
-    assert "copy: exact-match accuracy" in printed and "rope+yarn" in printed and "rope+randomized" in printed
+    assert "copy: per-answer accuracy" in printed and "rope+yarn" in printed and "rope+randomized" in printed
+    assert "not learned in length" in printed
     rows = results.read_rows(out / "probes.csv")
     # (rope: 2 scalings, rope randomized: none only, as it saw positions to randomize_max) x lengths
     assert len(rows) == (2 + 1) * 2 and {r["trials"] for r in rows} == {"3"}
     assert {r["scaling"] for r in rows if r["position_draws"] != "0"} == {"none"}
-    assert {r["probe"] for r in rows} == {"copy"} and {r["eval_len"] for r in rows} == {"128", "512"}
+    assert {r["probe"] for r in rows} == {"copy"} and {r["eval_len"] for r in rows} == {"32", "128"}
     assert main(args) == 0  # repeated: rows replaced, not duplicated
     assert len(results.read_rows(out / "probes.csv")) == len(rows)
+
+
+def test_extrapolate_leaves_probe_runs_to_probe(probe_run, capsys):
+    _, runs, _ = probe_run
+    assert main(["extrapolate", "--runs-dir", str(runs), "--device", "cpu"]) == 2
+    assert "score them with `posbench probe`" in capsys.readouterr().err
 
 
 def test_probe_list(capsys):
@@ -348,13 +475,13 @@ def test_probe_list(capsys):
 @pytest.mark.parametrize("args, message", [
     (["probe", "--probe", "pasky"], "did you mean 'passkey'"),
     (["probe", "--probe", "copy:colour=red"], "unknown option 'colour'"),
-    (["probe", "--probe", "copy:size=1"], "bad size '1'"),
     (["probe", "--probe", ","], "empty list"),
     (["probe"], "name probes with --probe"),
     (["probe", "--probe", "copy", "--trials", "0"], "trials must be > 0"),
     (["probe", "--probe", "copy", "--lengths", "12,x"], "bad lengths"),
     (["probe", "--probe", "copy", "--runs-dir", "/nonexistent/runs"], "does not exist"),
-    (["train", "--scheme", "rope", "--data", "mqar:pairs=4-1"], "pairs 4-1 must be positive and low-high"),
+    (["train", "--scheme", "rope", "--data", "mqar:spacing=1"], "spacing must be at least 4"),
+    (["train", "--scheme", "rope", "--data", "multikey", "--train-len", "16"], "need at least 36 tokens"),
 ])
 def test_bad_probe_input_is_one_line_and_exit_2(args, message, capsys):
     assert main(args) == 2
@@ -364,24 +491,9 @@ def test_bad_probe_input_is_one_line_and_exit_2(args, message, capsys):
 
 def test_too_short_lengths_fail_before_scoring(probe_run, tmp_path, capsys):
     _, runs, _ = probe_run
-    assert main(["probe", "--probe", "passkey", "--runs-dir", str(runs), "--lengths", "64",
+    assert main(["probe", "--probe", "passkey", "--runs-dir", str(runs), "--lengths", "16",
                  "--device", "cpu", "--out", str(tmp_path)]) == 2
     assert "too short" in capsys.readouterr().err and not (tmp_path / "probes.csv").exists()
-
-
-def test_old_passkey_csv_is_read_as_probe_rows(tmp_path):
-    old = {"run_id": "rope-abc", "task": "passkey", "scheme": "rope", "params": "", "seed": "0",
-           "train_len": "128", "eval_len": "256", "ratio": "2", "depth": "0.25", "trials": "20", "hits": "5",
-           "accuracy": "0.25", "scaling": "none", "extension": "none", "backend": "sdpa", "status": "ok",
-           "reason": ""}
-    (tmp_path / "passkey.csv").write_text(",".join(old) + "\n" + ",".join(old.values()) + "\n")
-    rows = results.read_probes(tmp_path)
-    assert len(rows) == 1 and rows[0]["probe"] == "passkey" and rows[0]["variant"] == "depth=0.25"
-    assert rows[0]["accuracy"] == "0.25"
-    results.merge_rows(tmp_path, "probes", [{**rows[0], "accuracy": 0.5}])
-    assert [r["accuracy"] for r in results.read_probes(tmp_path)] == ["0.5"]  # probes.csv wins
-    assert main(["report", str(tmp_path)]) == 0
-    assert "### passkey" in (tmp_path / "report.md").read_text()
 
 
 PER_PROBE = """
@@ -392,7 +504,7 @@ spec = "pystdlib"
 train_len = 128
 steps = 100
 [probes]
-names = ["passkey", "copy:size=1-14", "copy:size=1-30"]
+names = ["passkey", "copy", "mqar:spacing=8"]
 randomized = ["rope"]
 [probes.train.copy]
 train_len = 32
@@ -406,7 +518,7 @@ def test_a_probe_trains_with_its_own_settings(tmp_path):
     path = tmp_path / "per_probe.toml"
     path.write_text(PER_PROBE)
     task = config.load_task(str(path))
-    assert task.train_for("copy:size=1-14").train_len == 32 and task.train_for("copy").steps == 300
+    assert task.train_for("copy").train_len == 32 and task.train_for("copy").steps == 300
     assert task.train_for("passkey") == task.train and task.train_for("pystdlib") == task.train
     runs = grid(task)
     assert len(runs) == 2 + 3 * 3  # the corpus, then each probe x (rope, none, rope randomized)
@@ -415,12 +527,11 @@ def test_a_probe_trains_with_its_own_settings(tmp_path):
         assert (run.train.train_len, run.train.steps) == ((32, 300) if copy else (128, 100))
     randomized = [r for r in runs if r.train.randomize_positions]
     assert len(randomized) == 3 and all(r.scheme == "rope" for r in randomized)
-    # `posbench train --task` on the probe's documents gets the same run as the grid
     from posbench.cli import _task_with_overrides
 
-    cli_task = _task_with_overrides(str(path), "copy:size=1-14", *[None] * 12)
-    assert cli_task.train == task.train_for("copy:size=1-14")
-    # ... and probes are scored at 1x..8x their own training length
+    cli_task = _task_with_overrides(str(path), "copy", *[None] * 12)
+    assert cli_task.train == task.train_for("copy")
+    # probes are scored at 1x..8x their own training length
     assert probing.lengths_for(task.probes, task.train_for("copy").train_len) == (32, 64, 128, 256)
 
 
@@ -430,6 +541,7 @@ def test_a_probe_trains_with_its_own_settings(tmp_path):
     ("[probes.train.copy]\nsteps = 0", "steps must be > 0"),
     ("[probes.train.copy]\ntrain_len = 'long'", "must be int"),
     ("[probes.train]\ncopy = 3", "must be a table"),
+    ("[probes.train.copy]\nstop_accuracy = 2.0", "stop_accuracy must be in 0..1"),
 ])
 def test_bad_per_probe_settings_are_one_clear_error(tmp_path, extra, message):
     path = tmp_path / "bad.toml"

@@ -60,7 +60,7 @@ def test_effective_length_protocols_of_sliding_strides():
 def acc_rows(scheme, seed, hits_by_len, trials=10, train_len=64):
     """probes.csv rows of the passkey probe: two depths per length; hits split between them."""
     return [{"run_id": f"{scheme}-{seed}", "task": "t", "probe": "passkey", "scheme": scheme, "seed": seed,
-             "train_len": train_len, "eval_len": n, "variant": f"depth={d}", "trials": trials, "hits": h // 2 + (h % 2 if d else 0),
+             "train_len": train_len, "eval_len": n, "variant": f"depth={d}", "trials": trials, "answers": trials, "hits": h // 2 + (h % 2 if d else 0),
              "accuracy": "", "scaling": "none", "extension": "none", "status": "ok"}
             for n, h in hits_by_len.items() for d in (0, 1)]
 
@@ -71,8 +71,8 @@ def test_effective_length_of_accuracy_pools_probe_variants():
     got = by_run(effective.accuracy_rows(rows, threshold=0.5))
     assert got == {("a-0", "passkey"): (128, "ok"), ("b-0", "passkey"): (None, "no reference")}
     assert by_run(effective.accuracy_rows(rows, threshold=0.4))[("a-0", "passkey")] == (512, "censored")
-    # A randomized run reads every trial once per position draw: 20, 11, 9 hits of 40 attempts.
-    drawn = [{**r, "position_draws": "2"} for r in rows if r["run_id"] == "a-0"]
+    # A randomized run reads every trial once per position draw: 20, 11, 9 hits of 40 answers.
+    drawn = [{**r, "position_draws": "2", "answers": "20"} for r in rows if r["run_id"] == "a-0"]
     assert by_run(effective.accuracy_rows(drawn, threshold=0.5))[("a-0", "passkey")] == (64, "ok")
     assert by_run(effective.accuracy_rows(drawn, threshold=0.25))[("a-0", "passkey")] == (128, "ok")
 
@@ -91,7 +91,7 @@ def test_report_cells_show_seed_intervals_or_one_seed_as_such():
 
     one = pd.DataFrame(strings(acc_rows("a", 0, {64: 10})))
     assert accuracy_cell(one) == "50% (30–70)"  # Wilson, 10 of 20
-    assert accuracy_cell(one.assign(position_draws="2")) == "25% (14–40)"  # 10 of 40 attempts
+    assert accuracy_cell(one.assign(position_draws="2", answers="20")) == "25% (14–40)"  # 10 of 40 answers
     several = pd.DataFrame(strings(acc_rows("a", 0, {64: 10}) + acc_rows("a", 1, {64: 12}) + acc_rows("a", 2, {64: 14})))
     assert accuracy_cell(several) == "60% [35, 85]"  # 0.6 ± 4.303 * 0.1 / sqrt(3)
     two = pd.DataFrame(strings(acc_rows("a", 0, {64: 10}) + acc_rows("a", 1, {64: 14})))
