@@ -26,6 +26,7 @@ EVAL_MODES = ("nonoverlap", "sliding")
 DTYPES = ("float32", "bfloat16")
 MAX_INT = 2**31 - 1  # bounds every integer setting: larger ones overflow tensors long before use
 COMPILE = ("auto", "on", "off")  # torch.compile of the training forward; auto: on for CUDA
+TRACKERS = ("none", "tensorboard", "wandb")  # posbench.trackers
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class TrainConfig:
     randomize_max: int = 2048  # L_max of randomized positions (Ruoss et al.)
     dtype: str = "float32"
     compile: str = "auto"
+    tracker: str = "none"  # training curves also in tensorboard | wandb (posbench.trackers)
 
 
 @dataclass(frozen=True)
@@ -228,6 +230,7 @@ def validate(obj) -> None:
         _non_negative(obj, "warmup", "weight_decay")
         _choice("dtype", obj.dtype, DTYPES)
         _choice("compile", obj.compile, COMPILE)
+        _choice("tracker", obj.tracker, TRACKERS)
         if obj.randomize_positions and obj.randomize_max < obj.train_len:
             raise PosbenchError("randomize_max must be at least train_len")
     elif isinstance(obj, EvalConfig):

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from posbench import flops, layout, results
+from posbench import flops, layout, results, trackers
 from posbench.config import TrainConfig, build, stable_hash
 from posbench.data import DataConfig, TokenData, load_tokens, unigram_loss
 from posbench.errors import PosbenchError, RunFailed
@@ -62,7 +62,7 @@ class RunSpec:
 
     def identity(self) -> dict[str, Any]:
         train = dataclasses.asdict(self.train)
-        for logistics in ("eval_interval", "checkpoint_interval", "eval_windows", "compile"):
+        for logistics in ("eval_interval", "checkpoint_interval", "eval_windows", "compile", "tracker"):
             train.pop(logistics)
         if not self.train.randomize_positions:
             train.pop("randomize_max")
@@ -442,6 +442,7 @@ def train(
     """
     runs_dir = Path(runs_dir)
     run_dir = runs_dir / spec.run_id
+    trackers.require(spec.train.tracker)
     ddp, dev = Distributed.from_env(resolve_device(device))
     try:
         with results.claim(run_dir, f"run {spec.run_id}") if ddp.main else contextlib.nullcontext():
@@ -478,6 +479,8 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
     elif ddp.main:
         (run_dir / FINAL).unlink(missing_ok=True)
         (run_dir / CHECKPOINT).unlink(missing_ok=True)
+    tracker = trackers.start(t.tracker, runs_dir, spec.run_id, spec.task, config,
+                             log[-1] if log else None) if ddp.main else trackers.Tracker()
 
     backend = model.layout.backends(dev)
     stream = data.train
@@ -520,7 +523,7 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
     bar = _progress(progress)
     task_id = bar.add_task(spec.run_id, total=t.steps, completed=step, loss=float("nan"), tps=0.0)
     stop_at = t.steps if stop_after is None else min(t.steps, step + stop_after)
-    with bar, _interrupt_at_step_end() as pressed:
+    with bar, tracker, _interrupt_at_step_end() as pressed:
         try:
             while step < stop_at:
                 if ddp.any(bool(pressed), dev):
@@ -545,6 +548,7 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
                 if (step % t.eval_interval == 0 or step == t.steps) and ddp.main:
                     entry["val_loss"] = validation_loss(model, data.valid, t, dev)
                 log.append(entry)
+                tracker.log(entry)
                 bar.update(task_id, completed=step, loss=entry["loss"],
                            tps=t.batch_size * t.train_len * step / max(seconds, 1e-9))
                 if step % t.checkpoint_interval == 0:
