@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from posbench import config
-from posbench.errors import PosbenchError
+from posbench.errors import Interrupted, PosbenchError
 from posbench.schemes.rotary import SCALINGS
 
 # typer may vendor its own click: catch both.
@@ -441,6 +441,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rv = app(args=argv, standalone_mode=False)
         return rv if isinstance(rv, int) else 0
+    except Interrupted as e:
+        err.print(f"interrupted: {e}", markup=False, highlight=False, soft_wrap=True)
+        return 130
     except PosbenchError as e:
         err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         return 2

@@ -20,11 +20,11 @@ from posbench.data import DataConfig
 from posbench.effective import THRESHOLD, TOLERANCE
 from posbench.errors import PosbenchError, did_you_mean
 from posbench.model import ModelConfig
+from posbench.schemes.base import MAX_INT, check_number
 
 TASK_VERSION = 1
 EVAL_MODES = ("nonoverlap", "sliding")
 DTYPES = ("float32", "bfloat16")
-MAX_INT = 2**31 - 1  # bounds every integer setting: larger ones overflow tensors long before use
 COMPILE = ("auto", "on", "off")  # torch.compile of the training forward; auto: on for CUDA
 TRACKERS = ("none", "tensorboard", "wandb")  # posbench.trackers
 
@@ -314,10 +314,7 @@ def _check_numbers(obj) -> None:
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         for v in value if isinstance(value, tuple) else (value,):
-            if isinstance(v, float) and not math.isfinite(v):
-                raise PosbenchError(f"{f.name} must be a finite number, got {v}")
-            if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_INT:
-                raise PosbenchError(f"{f.name} is too large: {v} (at most {MAX_INT})")
+            check_number(v, f.name)
 
 
 def check_seed(*seeds: int) -> None:

@@ -21,7 +21,7 @@ import torch
 from posbench import flops, layout, results, trackers
 from posbench.config import TrainConfig, build, stable_hash
 from posbench.data import DataConfig, TokenData, load_tokens, unigram_loss
-from posbench.errors import PosbenchError, RunFailed
+from posbench.errors import PosbenchError, RunFailed, on_interrupt
 from posbench.model import ModelConfig, Transformer
 from posbench.positions import training_positions
 from posbench.schemes import Dims, get_scheme
@@ -445,7 +445,9 @@ def train(
     trackers.require(spec.train.tracker)
     ddp, dev = Distributed.from_env(resolve_device(device))
     try:
-        with results.claim(run_dir, f"run {spec.run_id}") if ddp.main else contextlib.nullcontext():
+        with results.claim(run_dir, f"run {spec.run_id}") if ddp.main else contextlib.nullcontext(), \
+                on_interrupt(f"before {spec.run_id} took a step; finished runs, results and checkpoints "
+                             "are kept as they were (run again, with --resume, to go on)"):
             return _train(spec, runs_dir, run_dir, dev, ddp, resume, progress and ddp.main, data, stop_after)
     finally:
         ddp.close()
