@@ -122,7 +122,7 @@ class WandB(Tracker):
             config=config, dir=str(folder), resume="allow", mode=None if _wandb_configured() else "offline",
             settings=wandb.Settings(silent=True, console="off"))
         if self.run.settings.mode == "offline":
-            print(f"W&B run {run_id} offline in {self.run.dir.rsplit('/files', 1)[0]} "
+            print(f"W&B run {run_id} offline in {self.run.settings.sync_dir} "
                   "(upload with `wandb sync` on that folder)", file=sys.stderr)
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
