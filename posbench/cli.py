@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from posbench import config
-from posbench.errors import PosbenchError
+from posbench.errors import Interrupted, PosbenchError
 from posbench.schemes.rotary import SCALINGS
 
 # typer may vendor its own click: catch both.
@@ -33,6 +33,7 @@ app = typer.Typer(
     "how each extrapolates past its training length and what its attention costs.",
 )
 ROPE_SCALING_HELP = f"comma-separated: {','.join(SCALINGS)}"
+TRACKER_HELP = "none | tensorboard | wandb: training curves there too (default: the task's, none)"
 console = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True)
 
@@ -105,6 +106,7 @@ def train(
     vocab_size: Optional[int] = typer.Option(None, help="BPE vocabulary size"),
     runs_dir: Path = typer.Option(Path("runs"), help="where runs and runs.csv go"),
     resume: bool = typer.Option(False, help="continue an interrupted run from its checkpoint"),
+    tracker: Optional[str] = typer.Option(None, help=TRACKER_HELP),
 ):
     """Train one model with one scheme or layout (the task's settings, overridden by flags)."""
     from posbench import layout
@@ -113,6 +115,7 @@ def train(
     scheme = layout.check(scheme)
     t = _task_with_overrides(task, data, train_len, steps, batch_size, d_model, layers, heads, lr,
                              randomize_positions, dtype, tokenizer, vocab_size, compile_)
+    t = dataclasses.replace(t, train=config.replace(t.train, tracker=tracker))
     params = {**t.params.get(scheme, {}), **config.parse_params(param)}
     if seed is not None:
         config.check_seed(seed)
@@ -235,14 +238,16 @@ def run(
         None, "--compile", help="auto | on | off: torch.compile the training forward (auto: on for CUDA)"),
     seeds: Optional[str] = typer.Option(None, help="seeds instead of the task's, e.g. 0,1,2 (same run_ids)"),
     schemes: Optional[str] = typer.Option(None, help="schemes instead of the task's, comma-separated"),
+    tracker: Optional[str] = typer.Option(None, help=TRACKER_HELP),
 ) -> int:
     """Run a whole grid: train every scheme x seed, extrapolate, time kernels, write the report.
     Exit 1 when a run failed (NaN loss): the others are trained, evaluated and reported."""
-    from posbench import grid, report
+    from posbench import grid, report, trackers
 
     began = time.perf_counter()
     t = config.load_task(task)
-    t = dataclasses.replace(t, train=config.replace(t.train, compile=compile_))
+    t = dataclasses.replace(t, train=config.replace(t.train, compile=compile_, tracker=tracker))
+    trackers.require(t.train.tracker)
     if seeds is not None or schemes is not None:
         t = config.replace(t, seeds=config.parse_int_list(seeds, "seeds") if seeds is not None else None,
                            schemes=_split(schemes))
@@ -442,6 +447,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rv = app(args=argv, standalone_mode=False)
         return rv if isinstance(rv, int) else 0
+    except Interrupted as e:
+        err.print(f"interrupted: {e}", markup=False, highlight=False, soft_wrap=True)
+        return 130
     except PosbenchError as e:
         err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         return 2

@@ -20,12 +20,13 @@ from posbench.data import DataConfig
 from posbench.effective import LEARNED, THRESHOLD, TOLERANCE
 from posbench.errors import PosbenchError, did_you_mean
 from posbench.model import ModelConfig
+from posbench.schemes.base import MAX_INT, check_number
 
 TASK_VERSION = 1
 EVAL_MODES = ("nonoverlap", "sliding")
 DTYPES = ("float32", "bfloat16")
-MAX_INT = 2**31 - 1  # bounds every integer setting: larger ones overflow tensors long before use
 COMPILE = ("auto", "on", "off")  # torch.compile of the training forward; auto: on for CUDA
+TRACKERS = ("none", "tensorboard", "wandb")  # posbench.trackers
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class TrainConfig:
     stop_accuracy: float = 0.0  # probes: stop once the validation accuracy reaches it (0: never)
     dtype: str = "float32"
     compile: str = "auto"
+    tracker: str = "none"  # training curves also in tensorboard | wandb (posbench.trackers)
 
 
 @dataclass(frozen=True)
@@ -230,6 +232,7 @@ def validate(obj) -> None:
         _non_negative(obj, "warmup", "weight_decay")
         _choice("dtype", obj.dtype, DTYPES)
         _choice("compile", obj.compile, COMPILE)
+        _choice("tracker", obj.tracker, TRACKERS)
         if obj.randomize_positions and obj.randomize_max < obj.train_len:
             raise PosbenchError("randomize_max must be at least train_len")
         if not 0 <= obj.stop_accuracy <= 1:
@@ -317,10 +320,7 @@ def _check_numbers(obj) -> None:
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         for v in value if isinstance(value, tuple) else (value,):
-            if isinstance(v, float) and not math.isfinite(v):
-                raise PosbenchError(f"{f.name} must be a finite number, got {v}")
-            if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_INT:
-                raise PosbenchError(f"{f.name} is too large: {v} (at most {MAX_INT})")
+            check_number(v, f.name)
 
 
 def check_seed(*seeds: int) -> None:

@@ -1,5 +1,6 @@
 """The one exception type the CLI turns into a single clear line and a non-zero exit."""
 
+import contextlib
 import difflib
 
 
@@ -10,6 +11,19 @@ class PosbenchError(Exception):
 class RunFailed(PosbenchError):
     """A training run that diverged (NaN loss): recorded as failed in runs.csv, so that a grid can
     go on with its other runs."""
+
+
+class Interrupted(PosbenchError):
+    """Ctrl-C, told in one line with what was kept; exit code 130."""
+
+
+@contextlib.contextmanager
+def on_interrupt(kept: str):
+    """Turn a Ctrl-C inside the block into Interrupted(`kept`): what stays on disk, and how to go on."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Interrupted(kept) from None
 
 
 def did_you_mean(word: str, choices, what: str) -> PosbenchError:

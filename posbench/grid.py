@@ -13,7 +13,7 @@ from pathlib import Path
 from posbench import layout, results
 from posbench.config import Task
 from posbench.data import is_probe, load_tokens
-from posbench.errors import PosbenchError, RunFailed
+from posbench.errors import PosbenchError, RunFailed, on_interrupt
 from posbench.train import FINAL, RunSpec, load_trained, resolve_device, train
 
 
@@ -84,8 +84,13 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
     from posbench import evaluate
 
     out = Path(out)
+    everything = grid(task)
+    specs = shard_of(everything, shard)
+    if not specs:
+        raise PosbenchError(f"shard {shard[0]}/{shard[1]} of task {task.name} holds no runs: the grid has "
+                            f"{len(everything)} runs (schemes x seeds, probes included), so at most "
+                            f"{len(everything)} shards have work; nothing was written to {out}")
     out.mkdir(parents=True, exist_ok=True)
-    specs = shard_of(grid(task), shard)
     done = {"trained": 0, "skipped_train": 0, "evaluated": 0, "skipped_eval": 0, "probes": 0,
             "skipped_probes": 0, "speed": 0, "failed": []}
     cache: dict = {}
@@ -148,7 +153,8 @@ def run_probes(task: Task, out: Path, specs: list[RunSpec], device: str, done: d
             done["skipped_probes"] += 1
             continue
         log(f"probe {spec.data.spec} {spec.run_id}")
-        rows = probing.evaluate_run(run_dir, task.probes, task.eval, device, task.name)
+        with on_interrupt(probing.scoring_kept(run_dir, done["probes"] + done["skipped_probes"], out)):
+            rows = probing.evaluate_run(run_dir, task.probes, task.eval, device, task.name)
         results.merge_rows(out, "probes", rows)
         done["probes"] += 1
 

@@ -33,10 +33,11 @@ from posbench import attention
 from posbench.attention import FULL, Span
 from posbench.errors import PosbenchError, did_you_mean
 from posbench.schemes import SCHEMES, Dims, Scheme, get_scheme
-from posbench.schemes.base import coerce_params
+from posbench.schemes.base import MAX_INT, check_number, coerce_params
 from posbench.temperature import TEMPERATURES, Temperature
 
 SPAN_FRACTION = 4  # default window and chunk: train_len // 4
+MAX_LAYERS = 4096  # layers a spec may write out (repeats included): deeper than any model here
 SPEC_CHARS = "/@+*:"  # a name with any of these is a spec
 INPUT_HOOKS = {"input", "mixer"}
 
@@ -164,6 +165,8 @@ def _parse_spec(spec: str) -> Layout:
     pattern: list[LayerSpec] = []
     for part in spec.split("/"):
         layer, count = _parse_layer(part.strip(), spec)
+        if len(pattern) + count > MAX_LAYERS:
+            raise PosbenchError(f"layout {spec!r} writes out more than {MAX_LAYERS} layers")
         pattern += [layer] * count
     pattern = _shortest_period(pattern)
     inputs = sorted({lay.scheme for lay in pattern if INPUT_HOOKS & set(get_scheme(lay.scheme).hooks)})
@@ -214,9 +217,9 @@ def _parse_layer(text: str, spec: str) -> tuple[LayerSpec, int]:
     span, size = "full", 0
     if at:
         s = SPAN.match(span_text)
-        if s is None or (s["size"] and int(s["size"]) < 1):
+        if s is None or (s["size"] and not 1 <= int(s["size"]) <= MAX_INT):
             raise PosbenchError(f"span {span_text!r} {where}: use full, w[SIZE] or c[SIZE] "
-                                "(window or chunk of SIZE >= 1 tokens; no SIZE: train_len/4)")
+                                f"(window or chunk of 1 <= SIZE <= {MAX_INT} tokens; no SIZE: train_len/4)")
         if not s["full"]:
             span, size = {"w": "window", "c": "chunk"}[s["kind"]], int(s["size"] or 0)
     temperature, temp_kept = "none", ()
@@ -229,8 +232,9 @@ def _parse_layer(text: str, spec: str) -> tuple[LayerSpec, int]:
             if key not in defaults:
                 raise PosbenchError(f"temperature {temperature!r} {where} has no parameter {key!r}"
                                     + (f" (it takes {', '.join(defaults)})" if defaults else ""))
+            what = f"parameter {key} of temperature {temperature!r} {where}"
             try:
-                tparams[key] = type(defaults[key])(float(value))
+                tparams[key] = check_number(type(defaults[key])(check_number(float(value), what)), what)
             except ValueError:
                 raise PosbenchError(f"parameter {key}={value!r} of temperature {temperature!r} "
                                     f"{where} must be a number") from None

@@ -30,7 +30,7 @@ import torch
 from posbench import results, stats
 from posbench.config import EvalConfig, ProbesConfig
 from posbench.data import probe_corpus
-from posbench.errors import PosbenchError
+from posbench.errors import PosbenchError, on_interrupt
 from posbench.evaluate import ATTN_BYTES, find_runs, variants_for
 from posbench.positions import evaluation_draws, evaluation_positions
 from posbench.probes import PROBES, Example, Probe, parse_probe, probe_name
@@ -160,6 +160,12 @@ def evaluate_run(run_dir: Path, cfg: ProbesConfig, eval_cfg: EvalConfig, device:
     return rows
 
 
+def scoring_kept(run_dir: Path, scored: int, out: Path) -> str:
+    """What a Ctrl-C while scoring the probes of `run_dir` keeps: the rows of the runs before it."""
+    return (f"while scoring the probes of {run_dir.name}; {results.table_path(out, 'probes')} keeps the rows "
+            f"of the {scored} run(s) scored before it, trained models are kept")
+
+
 def evaluate(runs_dir: Path | str, cfg: ProbesConfig, eval_cfg: EvalConfig, probes: tuple[str, ...],
              schemes: tuple[str, ...] | None = None, out: Path | str | None = None, device: str = "auto",
              progress: bool = False) -> list[dict]:
@@ -179,9 +185,10 @@ def evaluate(runs_dir: Path | str, cfg: ProbesConfig, eval_cfg: EvalConfig, prob
 
     with Progress(disable=not progress, transient=True) as bar:
         job = bar.add_task("probes", total=len(runs))
-        for run_dir in runs:
+        for k, run_dir in enumerate(runs):
             bar.update(job, description=f"probe {run_dir.name}")
-            rows = evaluate_run(run_dir, cfg, eval_cfg, device)
+            with on_interrupt(scoring_kept(run_dir, k, out)):
+                rows = evaluate_run(run_dir, cfg, eval_cfg, device)
             results.merge_rows(out, "probes", rows)
             all_rows += rows
             bar.advance(job)

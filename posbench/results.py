@@ -82,6 +82,40 @@ TABLES: dict[str, dict[str, list[str]]] = {
 }
 
 
+# Columns an older posbench did not write yet: a file may lack these (they read as empty), never
+# the others, without which its rows mean nothing (a merge of such a file would add junk rows).
+ADDED_LATER: dict[str, set[str]] = {
+    "runs": {"model_flops_per_second", "mfu", "compile", "stopped_at", "final_val_accuracy"},
+    "extrapolation": {"position_draws", "loss_se", "ppl_lo", "ppl_hi"},
+    "windows": {"params", "position_draws"},
+    "positions": {"train_len"},
+    "probes": {"acc_lo", "acc_hi", "answers", "exact", "exact_match", "em_lo", "em_hi", "chance"},
+    "effective_length": {"position_draws"},
+    "speed": {"device_name"},
+}
+
+# What a cell of these columns holds, in every table that has them (other columns are text). An
+# empty cell is allowed (a failed run has no loss); nan and inf are numbers (a diverged loss).
+INTEGERS = {"seed", "train_len", "steps", "tokens", "n_params", "eval_len", "stride", "position_draws",
+            "window", "start", "bucket", "position_start", "position_end", "trials", "hits", "max_len",
+            "effective_len", "batch", "heads", "head_dim", "seq_len", "stopped_at", "answers", "exact"}
+NUMBERS = {"final_train_loss", "final_val_loss", "unigram_val_loss", "train_seconds", "tokens_per_second",
+           "model_flops_per_second", "mfu", "ratio", "loss", "ppl", "loss_se", "ppl_lo", "ppl_hi",
+           "accuracy", "acc_lo", "acc_hi", "reference", "criterion", "median_ms", "iqr_ms", "tflops",
+           "peak_mem_mb", "ratio_vs_none", "final_val_accuracy", "exact_match", "em_lo", "em_hi", "chance"}
+
+
+def _check_cell(path: Path, line: int, column: str, value: str) -> None:
+    kind = int if column in INTEGERS else float if column in NUMBERS else None
+    if kind is None or value == "":
+        return
+    try:
+        kind(value)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise PosbenchError(f"{path} is damaged: line {line} has {column} {value!r}, not {what}") from None
+
+
 def table_path(directory: Path | str, table: str) -> Path:
     return Path(directory) / f"{table}.csv"
 
@@ -102,10 +136,11 @@ def _flock(lock_path: Path, wait: bool = True):
     with open(lock_path, "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         try:
-            lock.seek(0)
-            lock.truncate()
-            lock.write(f"{os.getpid()}\n")
-            lock.flush()
+            with _naming(lock_path):
+                lock.seek(0)
+                lock.truncate()
+                lock.write(f"{os.getpid()}\n")
+                lock.flush()
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
@@ -119,10 +154,24 @@ def _locked(path: Path):
 
 
 @contextlib.contextmanager
+def _naming(path: Path):
+    """An OSError without a file name (a full disk) names `path`: the one line says which file."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from None
+
+
+@contextlib.contextmanager
 def claim(directory: Path, what: str):
     """Hold `directory` for one writer: a second process gets one clear line instead of writing
-    into the same files. Temp files a killed writer left there are removed."""
+    into the same files. Temp files a killed writer left there are removed. A directory this call
+    created is removed again when the work fails before writing a file into it (a full disk, bad
+    input, Ctrl-C), so no empty run directory stays behind."""
     lock_path = directory / ".lock"
+    created = not directory.exists()
     try:
         with _flock(lock_path, wait=False):
             remove_stale_temps(directory)
@@ -131,6 +180,11 @@ def claim(directory: Path, what: str):
         holder = lock_path.read_text().strip() or "unknown"
         raise PosbenchError(f"{what} is in use by another process (pid {holder}); "
                             "wait for it to finish, then run again with --resume") from None
+    except BaseException:
+        if created and {p.name for p in directory.iterdir()} <= {".lock"}:
+            lock_path.unlink(missing_ok=True)
+            directory.rmdir()
+        raise
 
 
 TEMP_MARK = ".tmp-"
@@ -147,10 +201,11 @@ def read_rows(path: Path | str, table: str | None = None, required: Iterable[str
     """The rows of a CSV file ([] when it does not exist).
 
     A file of one of TABLES (named by `table`, or by its file name, e.g. runs.csv) is checked
-    before anything is merged into it or read from it: its header must hold the table's key and
-    `required` columns and no column the table does not declare, every row must have the header's
-    number of fields, and the file must end with a newline (a truncated file usually does not).
-    Columns the file lacks (written by an older posbench) read as empty.
+    before anything is merged into it or read from it: its header must hold the table's columns
+    (but those of ADDED_LATER, which a file an older posbench wrote lacks and which read as empty)
+    and `required` ones and no column the table does not declare, every row must have the header's
+    number of fields, every number column a number (INTEGERS, NUMBERS), and the file must end with
+    a newline (a truncated file usually does not).
     """
     path = Path(path)
     if not path.exists():
@@ -168,7 +223,8 @@ def read_rows(path: Path | str, table: str | None = None, required: Iterable[str
         raise PosbenchError(f"{path} is empty: not a posbench {table} table")
     columns = TABLES[table]["columns"]
     header = next(csv.reader(io.StringIO(text)))
-    missing = [c for c in (*TABLES[table]["key"], *required) if c not in header]
+    core = [c for c in columns if c not in ADDED_LATER.get(table, ())]
+    missing = [c for c in dict.fromkeys((*core, *required)) if c not in header]
     foreign = [c for c in header if c not in columns]
     if missing or foreign:
         what = f"lacks columns {', '.join(missing)}" if missing else f"has columns {', '.join(foreign)}"
@@ -178,6 +234,8 @@ def read_rows(path: Path | str, table: str | None = None, required: Iterable[str
     for i, row in enumerate(rows, start=2):
         if None in row or None in row.values():
             raise PosbenchError(f"{path} is damaged: line {i} does not have the {len(header)} fields of the header")
+        for column, value in row.items():
+            _check_cell(path, i, column, value)
     return [{c: row.get(c, "") for c in columns} for row in rows]
 
 
@@ -200,13 +258,9 @@ def write_atomic(path: Path, content: str | bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        with open(tmp, "xb") as f:
+        with _naming(path), open(tmp, "xb") as f:
             f.write(content.encode() if isinstance(content, str) else content)
         os.replace(tmp, path)
-    except OSError as e:
-        if not e.filename:  # a full disk: say which file could not be written
-            raise OSError(e.errno, e.strerror, str(path)) from None
-        raise
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from posbench import batches, flops, layout, results
+from posbench import batches, flops, layout, results, trackers
 from posbench.config import TrainConfig, build, stable_hash
 from posbench.data import DataConfig, TokenData, is_probe, load_tokens, probe_corpus, unigram_loss
-from posbench.errors import PosbenchError, RunFailed
+from posbench.errors import PosbenchError, RunFailed, on_interrupt
 from posbench.model import ModelConfig, Transformer
 from posbench.schemes import Dims, get_scheme
 from posbench.schemes.base import coerce_params, identity_params
@@ -61,7 +61,7 @@ class RunSpec:
 
     def identity(self) -> dict[str, Any]:
         train = dataclasses.asdict(self.train)
-        for logistics in ("eval_interval", "checkpoint_interval", "eval_windows", "compile"):
+        for logistics in ("eval_interval", "checkpoint_interval", "eval_windows", "compile", "tracker"):
             train.pop(logistics)
         if not self.train.randomize_positions:
             train.pop("randomize_max")
@@ -424,9 +424,12 @@ def train(
     """
     runs_dir = Path(runs_dir)
     run_dir = runs_dir / spec.run_id
+    trackers.require(spec.train.tracker)
     ddp, dev = Distributed.from_env(resolve_device(device))
     try:
-        with results.claim(run_dir, f"run {spec.run_id}") if ddp.main else contextlib.nullcontext():
+        with results.claim(run_dir, f"run {spec.run_id}") if ddp.main else contextlib.nullcontext(), \
+                on_interrupt(f"before {spec.run_id} took a step; finished runs, results and checkpoints "
+                             "are kept as they were (run again, with --resume, to go on)"):
             return _train(spec, runs_dir, run_dir, dev, ddp, resume, progress and ddp.main, data, stop_after)
     finally:
         ddp.close()
@@ -460,6 +463,8 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
     elif ddp.main:
         (run_dir / FINAL).unlink(missing_ok=True)
         (run_dir / CHECKPOINT).unlink(missing_ok=True)
+    tracker = trackers.start(t.tracker, runs_dir, spec.run_id, spec.task, config,
+                             log[-1] if log else None) if ddp.main else trackers.Tracker()
 
     backend = model.layout.backends(dev)
     row_base = {
@@ -501,7 +506,7 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
     bar = _progress(progress)
     task_id = bar.add_task(spec.run_id, total=t.steps, completed=step, loss=float("nan"), tps=0.0)
     stop_at = t.steps if stop_after is None else min(t.steps, step + stop_after)
-    with bar, _interrupt_at_step_end() as pressed:
+    with bar, tracker, _interrupt_at_step_end() as pressed:
         try:
             while step < stop_at:
                 if ddp.any(bool(pressed), dev):
@@ -523,6 +528,7 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
                 if (step % t.eval_interval == 0 or step == t.steps) and ddp.main:
                     entry.update(source.validate(model, dev, autocast(dev, t.dtype)))
                 log.append(entry)
+                tracker.log(entry)
                 if ddp.any(learned(entry, t), dev):
                     stop_at = step
                 bar.update(task_id, completed=step, loss=entry["loss"],

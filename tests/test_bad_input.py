@@ -71,6 +71,15 @@ HUGE = "99999999999999999999"
     (["compare", "a", "b", "--rtol", "nan"], "rtol must be a finite number >= 0"),
     (["compare", "a", "b", "--rtol", "inf"], "rtol must be a finite number >= 0"),
     (["compare", "a", "b", "--rtol", "-0.1"], "rtol must be a finite number >= 0"),
+    (["train", "--scheme", f"rope*{HUGE}/none"], "writes out more than 4096 layers"),
+    (["train", "--scheme", f"rope@w{HUGE}/none"], "window or chunk of 1 <= SIZE <= 2147483647"),
+    (["train", "--scheme", "none+llama4:floor=inf"], "floor of temperature 'llama4' in layout 'none+llama4:floor=inf' must be a finite number"),
+    (["train", "--scheme", f"none+llama4:floor={HUGE}"], "floor of temperature 'llama4'"),
+    (["train", "--scheme", "none+llama4:beta=nan"], "beta of temperature 'llama4' in layout 'none+llama4:beta=nan' must be a finite number"),
+    (["train", "--scheme", "rope:base=nan@w/none"], "parameter base of scheme 'rope' must be a finite number, got nan"),
+    (["train", "--scheme", "rope", "--param", "base=inf"], "parameter base of scheme 'rope' must be a finite number, got inf"),
+    (["train", "--scheme", "t5", "--param", f"num_buckets={HUGE}"], "parameter num_buckets of scheme 't5' is too large"),
+    (["run", "quick", "--shard", "7/7"], "shard 7/7 of task quick holds no runs: the grid has 6 runs"),
 ])
 def test_bad_flag_value(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # nothing may be written anywhere
@@ -164,7 +173,7 @@ def test_compare_passes_on_itself(capsys, tmp_path):
     (lambda p: p.write_text("scheme,backend,pass\nrope,sdpa,fwd\n"), "lacks columns run_id"),
     (lambda p: _edit_csv(p, lambda rows, cols: cols.remove("ppl")), "lacks columns ppl"),
     (lambda p: _edit_csv(p, lambda rows, cols: cols.append("colour")), "has columns colour"),
-    (lambda p: _edit_csv(p, lambda rows, cols: _first_ok(rows).update(ppl="abc")), "perplexity 'abc'"),
+    (lambda p: _edit_csv(p, lambda rows, cols: _first_ok(rows).update(ppl="abc")), "has ppl 'abc', not a number"),
     (lambda p: _edit_csv(p, lambda rows, cols: _first_ok(rows).update(ppl="0")), "perplexity '0'"),
     (lambda p: _edit_csv(p, lambda rows, cols: _first_ok(rows).update(ppl="inf")), "perplexity 'inf'"),
 ])
@@ -179,7 +188,7 @@ def test_compare_fails_on_a_damaged_baseline(damage, message, capsys, tmp_path):
     (lambda p: p.write_text("hello\n"), "lacks columns run_id"),
     (lambda p: _edit_csv(p, lambda rows, cols: cols.remove("status")), "lacks columns status"),
     (lambda p: _edit_csv(p, lambda rows, cols: _first_ok(rows).update(ppl="0")), "perplexity '0'"),
-    (lambda p: _edit_csv(p, lambda rows, cols: _first_ok(rows).update(ppl="x")), "perplexity 'x'"),
+    (lambda p: _edit_csv(p, lambda rows, cols: _first_ok(rows).update(ppl="x")), "has ppl 'x', not a number"),
 ])
 def test_compare_fails_on_a_damaged_current(damage, message, capsys, tmp_path):
     cur = _baseline_copy(tmp_path, "current")
@@ -189,6 +198,8 @@ def test_compare_fails_on_a_damaged_current(damage, message, capsys, tmp_path):
 
 GARBAGE = {
     "garbage": lambda p: p.write_bytes(b"\x00\x01 not a table at all\n"),
+    "few columns": lambda p: p.write_text("run_id,scheme\nxrope-1,rope\n"),
+    "a word for a number": lambda p: _edit_csv(p, lambda rows, cols: rows[0].update(seed="x")),
     "foreign columns": lambda p: p.write_text("scheme,backend,pass,seq_len\nrope,sdpa,fwd,64\n"),
     "short row": lambda p: p.write_text(p.read_text() + "x,y\n"),
 }
@@ -212,6 +223,28 @@ def test_report_refuses_junk(kind, capsys, tmp_path):
     before = snapshot(mine)
     fails(["report", mine], capsys, "runs.csv")
     assert snapshot(mine) == before
+
+
+@pytest.mark.parametrize("column", ["hits", "accuracy", "trials"])
+def test_report_refuses_a_word_in_a_number_column_of_probes(column, capsys, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    shutil.copy(REPO / "results" / "probes" / "probes.csv", results.table_path(mine, "probes"))
+    _edit_csv(results.table_path(mine, "probes"), lambda rows, cols: rows[0].update({column: "abc"}))
+    before = snapshot(mine)
+    fails(["report", mine], capsys, f"probes.csv is damaged: line 2 has {column} 'abc'")
+    assert snapshot(mine) == before
+
+
+def test_paired_refuses_a_word_for_a_loss(capsys, tmp_path):
+    columns = results.TABLES["windows"]["columns"]
+    row = dict.fromkeys(columns, "0") | {"run_id": "rope-1", "scheme": "rope", "params": "", "mode": "nonoverlap",
+                                         "scaling": "none", "extension": "none", "corpus": "c", "task": "t"}
+    rows = [row, row | {"run_id": "alibi-1", "scheme": "alibi", "loss": "abc"}]
+    results.table_path(tmp_path, "windows").write_text(results._to_csv(columns, rows))
+    before = snapshot(tmp_path)
+    fails(["paired", "rope", "alibi", "--runs-dir", tmp_path], capsys, "windows.csv is damaged: line 3 has loss 'abc'")
+    assert snapshot(tmp_path) == before
 
 
 # --- run directories (one tiny trained run, copied per case) ---------------------------------
@@ -294,6 +327,63 @@ def test_train_len_longer_than_the_training_split(trained, capsys, tmp_path):
           "is shorter than one window of train_len 1000000")
 
 
+# --- Ctrl-C ---------------------------------------------------------------------------------
+
+def test_ctrl_c_while_torch_imports(tmp_path):
+    """No traceback: one line and exit code 130, as once the command runs."""
+    import subprocess
+    import sys
+
+    stop = ("import sys\n"
+            "class Stop:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'torch':\n"
+            "            raise KeyboardInterrupt\n"
+            "sys.meta_path.insert(0, Stop())\n"
+            "from posbench.__main__ import main\n"
+            "raise SystemExit(main())\n")
+    proc = subprocess.run([sys.executable, "-c", stop, "schemes"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.strip() == "interrupted: while starting; nothing was read or written"
+
+
+def test_ctrl_c_before_the_first_step(trained, capsys, tmp_path, monkeypatch):
+    from posbench import train
+
+    def pressed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "build_model", pressed)
+    runs, _ = _copy_runs(trained, tmp_path)
+    before = snapshot(runs)
+    fails([*trained[1], "--seed", "1", "--runs-dir", runs], capsys, "interrupted: before rope-", code=130)
+    assert snapshot(runs) == before, "no run directory of the interrupted run may stay behind"
+
+
+@pytest.fixture(scope="module")
+def probe_run(tmp_path_factory) -> Path:
+    runs = tmp_path_factory.mktemp("probe")
+    assert main(["train", "--scheme", "rope", "--data", "passkey", "--tokenizer", "bytes", "--train-len", "32",
+                 "--steps", "2", "--batch-size", "2", "--d-model", "16", "--layers", "1", "--heads", "2",
+                 "--device", "cpu", "--runs-dir", str(runs)]) == 0
+    return runs
+
+
+def test_ctrl_c_while_scoring_probes(probe_run, capsys, tmp_path, monkeypatch):
+    from posbench import probing
+
+    def pressed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(probing, "evaluate_run", pressed)
+    before = snapshot(probe_run)
+    line = fails(["probe", "--probe", "passkey", "--runs-dir", probe_run, "--trials", "1", "--lengths", "32",
+                  "--device", "cpu"], capsys, "interrupted: while scoring the probes of rope-", code=130)
+    assert "keeps the rows of the 0 run(s) scored before it" in line
+    assert snapshot(probe_run) == before
+
+
 # --- the file system ------------------------------------------------------------------------
 
 def test_output_path_is_a_file(trained, capsys, tmp_path):
@@ -317,7 +407,7 @@ class _FullDisk:
 
     def __init__(self, path, mode="r", *args, **kwargs):
         self.f = open(path, mode, *args, **kwargs)
-        self.full = "x" in mode or "w" in mode
+        self.full = any(m in mode for m in "xwa")
 
     def __enter__(self):
         return self
@@ -345,6 +435,13 @@ def test_unwritable_output_folder(fake, message, capsys, tmp_path, monkeypatch):
     assert str(mine) in line
     monkeypatch.undo()
     assert snapshot(mine) == before, "a partial or temporary file was left behind"
+
+
+def test_full_disk_names_the_file_and_leaves_no_run_directory(trained, capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(results, "open", _FullDisk, raising=False)
+    line = fails([*trained[1], "--runs-dir", tmp_path / "runs"], capsys, "No space left on device")
+    assert str(tmp_path / "runs") in line and ".lock" in line
+    assert not list((tmp_path / "runs").iterdir())
 
 
 # --- data sources ---------------------------------------------------------------------------

@@ -3,6 +3,7 @@ package, and the current folder's tasks/ joins them (winning on a name clash).""
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,8 @@ def _run(*args, cwd: Path, env: dict | None = None) -> subprocess.CompletedProce
 @pytest.fixture(scope="module")
 def wheel_venv(tmp_path_factory) -> Path:
     """A fresh venv holding only the wheel of this checkout; torch and the rest come from the
-    system's site-packages, so nothing is downloaded."""
+    site-packages of the Python running the tests (a virtualenv's or the system's alike), so
+    nothing is downloaded."""
     root = tmp_path_factory.mktemp("install")
     source = root / "source"  # a copy, so the build leaves no build/ or egg-info in the checkout
     source.mkdir()
@@ -38,10 +40,23 @@ def wheel_venv(tmp_path_factory) -> Path:
          "-w", root / "dist", source, cwd=root)
     (wheel,) = (root / "dist").glob("posbench-*.whl")
     venv = root / "venv"
-    _run(sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv, cwd=root)
+    _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=root)
+    _see_packages_of_this_python(venv)
     _run(sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "-q", "--no-deps",
          "--no-index", wheel, cwd=root)
     return venv
+
+
+def _see_packages_of_this_python(venv: Path) -> None:
+    """A .pth file in the venv naming the site-packages folders of the running Python. Its plain
+    path lines are appended after the venv's own folder, so the wheel's posbench wins; the .pth
+    files inside those folders (an editable posbench among them) are not run. `--system-site-packages`
+    would not do: from inside a virtualenv it reaches the base Python's folders, not the
+    virtualenv's."""
+    folders = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    purelib = _run(venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))",
+                   cwd=venv).stdout.strip()
+    Path(purelib, "_tests_python.pth").write_text("".join(f"{f}\n" for f in folders if Path(f).is_dir()))
 
 
 def test_wheel_ships_the_tasks_and_runs_a_grid(wheel_venv, tmp_path, corpus_dir):

@@ -34,6 +34,17 @@ from torch import nn
 from posbench.errors import PosbenchError, did_you_mean
 
 HOOKS = ("input", "mixer", "qk", "bias", "logits", "values", "gate", "weights")
+MAX_INT = 2**31 - 1  # bounds every integer setting: larger ones overflow tensors long before use
+
+
+def check_number(value: Any, what: str) -> Any:
+    """`value` when it is a finite number of at most MAX_INT (else one-line error naming `what`);
+    anything else as it is. A nan parameter would train to a nan loss, an inf one overflow."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PosbenchError(f"{what} must be a finite number, got {value}")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+        raise PosbenchError(f"{what} is too large: {value} (at most {MAX_INT})")
+    return value
 
 
 class PositionLimitError(PosbenchError):
@@ -71,7 +82,7 @@ def coerce_params(cls: type[Scheme], given: dict[str, Any]) -> dict[str, Any]:
                 if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
                     raise ValueError(value)
                 value = value.lower() in ("true", "1", "yes")
-            out[key] = type(default)(value)
+            out[key] = check_number(type(default)(value), f"parameter {key} of scheme {cls.name!r}")
         except (TypeError, ValueError):
             raise PosbenchError(
                 f"parameter {key}={value!r} of scheme {cls.name!r} must be {type(default).__name__}"
