@@ -66,6 +66,8 @@ class Tracker:
                    "train/tokens_per_second": (entry["tokens"] - self.previous["tokens"]) / max(seconds, 1e-9)}
         if entry.get("val_loss") is not None:
             scalars["val/loss"] = entry["val_loss"]
+        if entry.get("val_accuracy") is not None:  # a probe's learning curve
+            scalars["val/accuracy"] = entry["val_accuracy"]
         self.previous = entry
         self.write(entry["step"], scalars)
 
