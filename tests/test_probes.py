@@ -144,7 +144,7 @@ def test_instances_grow_as_the_probe_says():
     short, long = prompts("copy", 24, n=1)[0], prompts("copy", 96, n=1)[0]
     assert 3 * len(short.answers) < len(long.answers)
     mqar = parse_probe("mqar")
-    assert [len(prompts("mqar", n, n=1)[0].answers) for n in (64, 128, 256)] == [4, 8, 16]
+    assert [len(prompts("mqar", n, n=1)[0].answers) for n in (32, 64, 128, 256)] == [4, 8, 16, 16]
     assert mqar.grows == "pairs" and parse_probe("copy").grows == "digits"
     near, far = prompts("passkey", 64, n=1)[0], prompts("passkey", 256, n=1)[0]
     assert len(near.answers) == len(far.answers) == 1 and parse_probe("passkey").grows == "filler"
@@ -165,13 +165,13 @@ def test_training_lengths_span_the_range(name):
 
 def test_the_prompt_at_the_training_length_is_a_training_example():
     probe, rng = parse_probe("mqar"), random.Random(1)
-    shapes = {len(probe.training_example(rng, 64).answers) for _ in range(500)}
-    assert shapes == {1, 2, 3, 4} and len(prompts("mqar", 64, n=1)[0].answers) == 4
+    shapes = {len(probe.training_example(rng, 32).answers) for _ in range(500)}
+    assert shapes == {1, 2, 3, 4} and len(prompts("mqar", 32, n=1)[0].answers) == 4
 
 
 def test_options_and_canonical_settings():
     assert parse_probe("passkey:digits=4").settings() == "digits=4"
-    assert parse_probe("mqar:spacing=8").settings() == "spacing=8,keys=64,values=64"
+    assert parse_probe("mqar:spacing=16,keys=64").settings() == "spacing=16,keys=64,values=16"
     assert parse_probe("copy") == parse_probe("copy:")
 
 

@@ -163,10 +163,11 @@ class MQAR(Probe):
     summary = ("multi-query associative recall: a list of key-value pairs 'k3 v17 k9 v2 ...' (keys "
                "and values single symbols from disjoint sets of `keys` and `values`), then every key "
                "once more in random order, each followed by its value (one verdict each), filler at "
-               "random between the queries; an example of L tokens holds L / `spacing` pairs, rounded up "
-               "(Zoology's T / pairs = 16: (64, 4) .. (256, 16))")
+               "random between the queries; an example of L tokens holds L / `spacing` pairs, rounded up, "
+               "at most `keys` (Zoology's T / pairs is 16; 8 here, (32, 4) .. (128, 16), and 16 keys and "
+               "values: a tiny model leaves its plateau sooner than with Zoology's thousands)")
     reference = "Arora et al. 2023, Zoology (HazyResearch/zoology, MQAR)"
-    options = {"spacing": 16, "keys": N_KEYS, "values": N_VALUES}
+    options = {"spacing": 8, "keys": 16, "values": 16}
     grows = "pairs"
     sized = True
 
