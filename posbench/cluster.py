@@ -61,10 +61,10 @@ class Resources:
             if not arg.startswith("-") or "\n" in arg:
                 raise PosbenchError(f"bad --sbatch-arg {arg!r}: one sbatch option, e.g. --account=lab")
 
-    def directives(self, gpus: bool) -> list[str]:
-        """#SBATCH lines; `gpus` False for the merge job, which needs none."""
-        lines = [f"--cpus-per-task={self.cpus}"] if self.cpus is not None and gpus else []
-        lines += [f"--gres=gpu:{self.gpus}"] if self.gpus and gpus else []
+    def directives(self, shard: bool) -> list[str]:
+        """#SBATCH lines of a shard, or of the merge job (which needs neither GPUs nor cores)."""
+        lines = [f"--cpus-per-task={self.cpus}"] if self.cpus is not None and shard else []
+        lines += [f"--gres=gpu:{self.gpus}"] if self.gpus and shard else []
         lines += [f"--time={self.time}"] if self.time is not None else []
         lines += [f"--partition={self.partition}"] if self.partition is not None else []
         return [f"#SBATCH {line}" for line in [*lines, *self.sbatch_args]]
@@ -72,6 +72,11 @@ class Resources:
 
 def _q(path: Path | str) -> str:
     return shlex.quote(str(path))
+
+
+def _pattern(path: Path) -> str:
+    """A path as a literal in sbatch's --output, where %a and the like are replaced."""
+    return str(path).replace("%", "%%")
 
 
 @dataclass(frozen=True)
@@ -132,12 +137,12 @@ class Plan:
             "#!/bin/bash",
             f"#SBATCH --job-name=posbench-{self.task.name}",
             f"#SBATCH --array=1-{self.shards}",
-            f"#SBATCH --output={self.logs}/shard-%a.log",
+            f"#SBATCH --output={_pattern(self.logs)}/shard-%a.log",
             "#SBATCH --open-mode=append",
             f"#SBATCH --chdir={self.workdir}",
             "#SBATCH --requeue",
             f"#SBATCH --signal=B:USR1@{SIGNAL_LEAD}",
-            *self.resources.directives(gpus=True),
+            *self.resources.directives(shard=True),
             f"# posbench task {self.task.name}: shard I of {self.shards} (I = the array task) into "
             f"{self.shard_dir('I')}. One shard again:",
             f"# sbatch --array=I {self.array_script} (the shard is named here, not by --shard auto, so",
@@ -169,11 +174,11 @@ class Plan:
         return "\n".join([
             "#!/bin/bash",
             f"#SBATCH --job-name=posbench-{self.task.name}-merge",
-            f"#SBATCH --output={self.log('merge')}",
+            f"#SBATCH --output={_pattern(self.log('merge'))}",
             f"#SBATCH --chdir={self.workdir}",
             # Cancelled, not left pending for ever, when a shard fails (afterok can never be met).
             "#SBATCH --kill-on-invalid-dep=yes",
-            *self.resources.directives(gpus=False),
+            *self.resources.directives(shard=False),
             f"# posbench task {self.task.name}: the {self.shards} shards' tables merged into {self.out}",
             f"{_q(self.python)} -m posbench report {_q(self.out)} {shards} "
             f"--tolerance {e.effective_tolerance} --threshold {e.effective_threshold}",
@@ -213,6 +218,9 @@ def plan(task_name: str, shards: int, out: Path | None, resources: Resources, dr
         raise PosbenchError("sbatch is not on PATH: submit from a Slurm login node (or --dry-run to "
                             "see the scripts)")
     out = (out or Path("runs") / task.name).absolute()
+    for path in (out, Path.cwd()):
+        if any(c.isspace() for c in str(path)):
+            raise PosbenchError(f"{str(path)!r} holds a space, which #SBATCH lines cannot; use another folder")
     return Plan(task, config.find_task(task_name).absolute(), shards, out, resources, workdir=Path.cwd())
 
 
