@@ -89,9 +89,9 @@ class Plan:
     source: Path
     shards: int
     out: Path
+    workdir: Path
     resources: Resources = Resources()
     python: str = sys.executable
-    workdir: Path = Path.cwd()
 
     @property
     def folder(self) -> Path:
@@ -131,11 +131,15 @@ class Plan:
             return f"{python} -m torch.distributed.run --standalone --nproc_per_node={self.resources.gpus} -m posbench"
         return f"{python} -m posbench"
 
+    @property
+    def job_name(self) -> str:
+        return "-".join(["posbench", *self.task.name.split()])
+
     def array_text(self) -> str:
         i = "$SLURM_ARRAY_TASK_ID"
         return "\n".join([
             "#!/bin/bash",
-            f"#SBATCH --job-name=posbench-{self.task.name}",
+            f"#SBATCH --job-name={self.job_name}",
             f"#SBATCH --array=1-{self.shards}",
             f"#SBATCH --output={_pattern(self.logs)}/shard-%a.log",
             "#SBATCH --open-mode=append",
@@ -173,7 +177,7 @@ class Plan:
         e = self.task.eval
         return "\n".join([
             "#!/bin/bash",
-            f"#SBATCH --job-name=posbench-{self.task.name}-merge",
+            f"#SBATCH --job-name={self.job_name}-merge",
             f"#SBATCH --output={_pattern(self.log('merge'))}",
             f"#SBATCH --chdir={self.workdir}",
             # Cancelled, not left pending for ever, when a shard fails (afterok can never be met).
@@ -221,7 +225,7 @@ def plan(task_name: str, shards: int, out: Path | None, resources: Resources, dr
     for path in (out, Path.cwd()):
         if any(c.isspace() for c in str(path)):
             raise PosbenchError(f"{str(path)!r} holds a space, which #SBATCH lines cannot; use another folder")
-    return Plan(task, config.find_task(task_name).absolute(), shards, out, resources, workdir=Path.cwd())
+    return Plan(task, config.find_task(task_name).absolute(), shards, out, Path.cwd(), resources)
 
 
 class Submission:
