@@ -187,23 +187,24 @@ def test_submit_an_invalid_task_is_one_line(tmp_path, capsys):
 
 # --- a real signal to a real training process --------------------------------------------------------
 
-# `posbench ...` in a child process whose training steps take at least argv[1] seconds, so that a
-# signal reliably lands mid-training; the numbers are those of the plain command.
+# Every training step of a process running this takes at least {seconds} s more (a bigger model's
+# pace), so that a signal reliably lands mid-training; the numbers are those of the plain command.
 SLOW_STEPS = """
-import sys, time
-from posbench import cli, train
-real = train.sample_batch
-def slow(*args):
-    time.sleep(float(sys.argv[1]))
-    return real(*args)
-train.sample_batch = slow
-sys.exit(cli.main(sys.argv[2:]))
+import time
+import torch
+plain_step = torch.optim.AdamW.step
+def slow_step(self, *args, **kwargs):
+    time.sleep({seconds})
+    return plain_step(self, *args, **kwargs)
+torch.optim.AdamW.step = slow_step
 """
 
 
 def posbench_child(step_seconds: float, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", SLOW_STEPS, str(step_seconds), *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """`posbench ARGS` in a child process with slow training steps."""
+    code = SLOW_STEPS.format(seconds=step_seconds) + "import sys\nfrom posbench import cli\nsys.exit(cli.main(sys.argv[1:]))\n"
+    return subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 def wait_for(condition, what: str, timeout: float = 120.0):
@@ -296,8 +297,8 @@ def test_shards_stopped_by_time_limit_and_preemption_are_requeued_and_resume(slu
     # signals land mid-training.
     hook = tmp_path / "hook"
     hook.mkdir()
-    (hook / "sitecustomize.py").write_text(SLOW_STEPS.split("sys.exit")[0].replace("float(sys.argv[1])", "0.1"))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), str(hook), os.environ.get("PYTHONPATH", "")]))
+    (hook / "sitecustomize.py").write_text(SLOW_STEPS.format(seconds=0.1))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]))
     out = tmp_path / "out"
     waiting = subprocess.Popen([sys.executable, "-m", "posbench", "submit", str(task_file), "--shards", "2",
                                 "--out", str(out), "--wait"], cwd=ROOT, stdout=subprocess.PIPE,
