@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import sys
 import time
 from enum import Enum
@@ -229,7 +230,8 @@ def speed(
 @app.command()
 def run(
     task: str = typer.Argument(..., help="task name in tasks/ or a TOML path"),
-    shard: Optional[str] = typer.Option(None, help="I/N: run a deterministic 1/N slice of the grid"),
+    shard: Optional[str] = typer.Option(
+        None, help="I/N: run a deterministic 1/N slice of the grid; auto: this Slurm array task's"),
     resume: bool = typer.Option(False, help="continue interrupted trainings from their checkpoints"),
     out: Optional[Path] = typer.Option(None, help="output directory (default: runs/TASK)"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
@@ -274,6 +276,52 @@ def run(
                   f"{results.table_path(out_dir, 'runs')}); the other runs completed", markup=False,
                   highlight=False, soft_wrap=True)
         return 1
+    return 0
+
+
+@app.command()
+def submit(
+    task: str = typer.Argument(..., help="task name in tasks/ or a TOML path"),
+    shards: int = typer.Option(..., help="number of shards: array tasks, one slice of the grid each"),
+    out: Optional[Path] = typer.Option(None, help="output directory (default: runs/TASK)"),
+    gpus_per_shard: int = typer.Option(0, help="GPUs per shard; more than 1: torchrun, one process per GPU"),
+    cpus_per_shard: Optional[int] = typer.Option(None, help="CPU cores per shard (default: the cluster's)"),
+    time_limit: Optional[str] = typer.Option(None, "--time", help="time limit per shard, e.g. 4:00:00"),
+    partition: Optional[str] = typer.Option(None, help="Slurm partition"),
+    sbatch_arg: Optional[List[str]] = typer.Option(None, help="extra sbatch option, e.g. --account=lab (repeatable)"),
+    dry_run: bool = typer.Option(False, help="write and print the scripts; submit nothing"),
+    wait: bool = typer.Option(False, help="wait for the shards and the merge; exit 1 naming failed shards"),
+) -> int:
+    """Run a grid on a Slurm cluster: a job array of shards (each resumable, requeued on
+    preemption) and a merge job that writes the report once all succeeded."""
+    from posbench import cluster
+
+    resources = cluster.Resources(gpus=gpus_per_shard, cpus=cpus_per_shard, time=time_limit,
+                                  partition=partition, sbatch_args=tuple(sbatch_arg or ()))
+    plan = cluster.plan(task, shards, out, resources, dry_run)
+    plan.write()
+    if dry_run:
+        for path in (plan.array_script, plan.merge_script):
+            print(f"# {path}\n{path.read_text()}")
+        print(f"# submitted by: {shlex.join(plan.sbatch_array())}")
+        print(f"#          and: {shlex.join(plan.sbatch_merge('ARRAY_JOB_ID'))}")
+        return 0
+    job = cluster.Submission(plan, wait)
+    console.print(f"shards: job {job.array_id} (array 1-{shards}), logs {plan.logs}/shard-I.log, results "
+                  f"{plan.out}/shards/I", soft_wrap=True, highlight=False)
+    console.print(f"merge: job {job.merge_id} after all shards succeed, log {plan.log('merge')}, report "
+                  f"{plan.out / 'report.md'}", soft_wrap=True, highlight=False)
+    if not wait:
+        console.print(f"watch: squeue -j {job.array_id},{job.merge_id}", highlight=False)
+        return 0
+    failed = job.wait()
+    for line in failed:
+        err.print(f"error: {line}", markup=False, highlight=False, soft_wrap=True)
+    if failed:
+        err.print(f"rerun a shard: sbatch --array=I {plan.array_script}; then merge: sbatch {plan.merge_script}",
+                  markup=False, highlight=False, soft_wrap=True)
+        return 1
+    console.print(f"report: {plan.out / 'report.md'}", highlight=False)
     return 0
 
 

@@ -2,12 +2,13 @@
 train and score one model per probe x scheme x seed (the task's [probes]), time the kernels,
 write the report. Finished
 work (same resolved config, same run_id) is skipped, and `--shard I/N` runs a deterministic slice
-so N machines can split a grid."""
+so N machines can split a grid (`--shard auto`: the slice of this Slurm array task)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 from posbench import layout, results
@@ -17,9 +18,11 @@ from posbench.errors import PosbenchError, RunFailed, on_interrupt
 from posbench.train import FINAL, RunSpec, load_trained, resolve_device, train
 
 
-def parse_shard(text: str | None) -> tuple[int, int]:
+def parse_shard(text: str | None, environ=os.environ) -> tuple[int, int]:
     if text is None:
         return 1, 1
+    if text == "auto":
+        return array_shard(environ)
     try:
         i, n = (int(v) for v in text.split("/"))
     except ValueError:
@@ -27,6 +30,28 @@ def parse_shard(text: str | None) -> tuple[int, int]:
     if not 1 <= i <= n:
         raise PosbenchError(f"bad shard {text!r}: need 1 <= I <= N")
     return i, n
+
+
+ARRAY_VARIABLES = ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_STEP",
+                   "SLURM_ARRAY_TASK_COUNT")
+
+
+def array_shard(environ) -> tuple[int, int]:
+    """`--shard auto`: the shard I/N of this task of a Slurm job array, whose N tasks, in index
+    order MIN, MIN+STEP, ..., are shards 1..N (`--array=0-9` and `--array=1-10` alike)."""
+    try:
+        index, low, step, count = (int(environ[name]) for name in ARRAY_VARIABLES)
+    except KeyError:
+        raise PosbenchError("--shard auto takes the shard from a Slurm job array, and this is not one "
+                            "(SLURM_ARRAY_TASK_ID is not set); use --shard I/N") from None
+    except ValueError:
+        raise PosbenchError(f"--shard auto: the Slurm array variables {', '.join(ARRAY_VARIABLES)} must be "
+                            f"integers, got {', '.join(repr(environ[n]) for n in ARRAY_VARIABLES)}") from None
+    before, off = divmod(index - low, step) if step > 0 else (-1, 0)
+    if off or not 0 <= before < count:
+        raise PosbenchError(f"--shard auto: array task {index} is not one of the {count} tasks from {low} "
+                            f"in steps of {step}; use --shard I/N")
+    return before + 1, count
 
 
 def grid(task: Task) -> list[RunSpec]:

@@ -383,15 +383,21 @@ def _log_rows(table: torch.Tensor) -> list[dict[str, Any]]:
     ]
 
 
+# Ctrl-C, and how a scheduler asks a job to stop: SIGTERM (preemption, scancel) and SIGUSR1 (sent
+# ahead of a time limit by the scripts of posbench.cluster).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
 @contextlib.contextmanager
 def _interrupt_at_step_end():
-    """Ctrl-C during a step lets the step finish: model, optimizer, batch generator and log then
-    all stand after the same step, and the checkpoint resumes bitwise. A second Ctrl-C stops at
-    once (KeyboardInterrupt), leaving the last checkpoint, also a consistent one. Yields a list
-    that is non-empty once Ctrl-C was pressed. Signals reach only the main thread: elsewhere
-    Ctrl-C is left as it is, and so is a SIGINT that the parent process chose to ignore."""
+    """Ctrl-C, SIGTERM or SIGUSR1 during a step lets the step finish: model, optimizer, batch
+    generator and log then all stand after the same step, and the checkpoint resumes bitwise. A
+    second signal stops at once (KeyboardInterrupt), leaving the last checkpoint, also a consistent
+    one. Yields a list that is non-empty once a signal came. Signals reach only the main thread:
+    elsewhere they are left as they are, and so is a signal that the parent process chose to
+    ignore."""
     pressed: list[int] = []
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    if threading.current_thread() is not threading.main_thread():
         yield pressed
         return
 
@@ -399,13 +405,17 @@ def _interrupt_at_step_end():
         if pressed:
             raise KeyboardInterrupt
         pressed.append(signum)
-        print("finishing this step, then saving a checkpoint; Ctrl-C again stops at once", file=sys.stderr)
+        print(f"{signal.Signals(signum).name}: finishing this step, then saving a checkpoint; "
+              "Ctrl-C again stops at once", file=sys.stderr)
 
-    previous = signal.signal(signal.SIGINT, handler)
+    caught = [s for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
+    previous = {s: signal.signal(s, handler) for s in caught}
     try:
         yield pressed
     finally:
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+        for s, before in previous.items():
+            default = signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL
+            signal.signal(s, before if before is not None else default)
 
 
 def train(

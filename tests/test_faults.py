@@ -112,6 +112,29 @@ def test_ctrl_c_anywhere_then_resume_equals_uninterrupted(tiny_data, tmp_path, m
     assert_same(outcome(tmp_path, spec), uninterrupted)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+def test_scheduler_signals_stop_at_a_step_end_like_ctrl_c(tiny_data, tmp_path, monkeypatch, uninterrupted, signum):
+    """A scheduler's preemption (SIGTERM) and time-limit warning (SIGUSR1, posbench.cluster)."""
+    real = torch.optim.AdamW.step
+    calls = []
+
+    def signalling(self, *args, **kwargs):
+        value = real(self, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == 4:
+            signal.raise_signal(signum)
+        return value
+
+    spec = tiny_spec(tiny_data)
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.optim.AdamW, "step", signalling)
+        with pytest.raises(PosbenchError, match="interrupted at step 4"):
+            train(spec, tmp_path, device="cpu", progress=False)
+    assert signal.getsignal(signum) is signal.SIG_DFL
+    train(spec, tmp_path, device="cpu", progress=False, resume=True)
+    assert_same(outcome(tmp_path, spec), uninterrupted)
+
+
 def test_ctrl_c_is_deferred_only_while_training(tiny_data, tmp_path):
     train(tiny_spec(tiny_data), tmp_path, device="cpu", progress=False)
     with pytest.raises(KeyboardInterrupt):
