@@ -327,7 +327,7 @@ class Tupe(Scheme):
         pk = (p @ self.u_k).view(t, self.n_heads, self.head_dim).transpose(0, 1)
         return pu, pk
 
-    def rotate(self, q, k, pos, ctx):
+    def rotate(self, q, k, pos, ctx, layer):
         pu, pk = ctx
         b = q.shape[0]
         q = torch.cat([q, pu.to(q.dtype).expand(b, -1, -1, -1)], dim=-1)  # (B, H, T, 2D)

@@ -194,7 +194,7 @@ class RoPE(Scheme):
     def prepare(self, pos):
         return self.angles(pos)
 
-    def rotate(self, q, k, pos, ctx):
+    def rotate(self, q, k, pos, ctx, layer):
         cos, sin = ctx
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         r = self.rotary_dim
@@ -274,7 +274,7 @@ class XPos(Scheme):
         scale = zeta ** ((pos - centre).double()[:, None] / self.p["gamma"])  # (T, D/2)
         return cos_sin[:, 0], cos_sin[:, 1], scale.float()
 
-    def rotate(self, q, k, pos, ctx):
+    def rotate(self, q, k, pos, ctx, layer):
         cos, sin, scale = (t.to(q.dtype) for t in ctx)
         # rotate_half is linear in (cos, sin): scaling both scales the rotated pair
         return rotate_half(q, cos * scale, sin * scale), rotate_half(k, cos / scale, sin / scale)
