@@ -24,8 +24,8 @@ from posbench.data import DataConfig, TokenData, load_tokens, unigram_loss
 from posbench.errors import PosbenchError, RunFailed
 from posbench.model import ModelConfig, Transformer
 from posbench.positions import training_positions
-from posbench.schemes import Dims, Scheme, get_scheme
-from posbench.schemes.base import coerce_params, identity_params
+from posbench.schemes import Dims, get_scheme
+from posbench.schemes.base import Scheme, coerce_params, identity_params
 
 
 @dataclass(frozen=True)
