@@ -336,6 +336,24 @@ class PoPE(Scheme):
         return q2.to(q.dtype), k2.to(k.dtype)
 
 
+def fourier_coefficients(shape: tuple[int, int, int, int], gain: float) -> torch.Tensor:
+    """(L, H, M, d_out) FoPE coefficients: per layer xavier_normal over (H, M, d_out), as the
+    reference initializes each layer's tensor (fan_in M d_out, fan_out H d_out), plus the
+    step identity E[m ceil(M / d_out), m] = 1."""
+    coef = torch.zeros(shape)
+    m, series = shape[2:]
+    if coef.numel() == 0:
+        return coef
+    for layer in coef:
+        nn.init.xavier_normal_(layer, gain=gain)
+    step = math.ceil(m / series)
+    cols = torch.arange(series)
+    rows = cols * step
+    keep = rows < m
+    coef[:, :, rows[keep], cols[keep]] += 1.0
+    return coef
+
+
 @register
 class FoPE(Scheme):
     """FoPE, Fourier position embedding (Hua et al., ICML 2025, "Fourier Position Embedding:
@@ -401,24 +419,6 @@ class FoPE(Scheme):
     def rotate(self, q, k, pos, ctx, layer):
         c, s = (t.to(q.dtype) for t in self.series(ctx, layer))
         return rotate_half(q, c, s), rotate_half(k, c, s)
-
-
-def fourier_coefficients(shape: tuple[int, int, int, int], gain: float) -> torch.Tensor:
-    """(L, H, M, d_out) FoPE coefficients: per layer xavier_normal over (H, M, d_out), as the
-    reference initializes each layer's tensor (fan_in M d_out, fan_out H d_out), plus the
-    step identity E[m ceil(M / d_out), m] = 1."""
-    coef = torch.zeros(shape)
-    layers, heads, m, series = shape
-    if coef.numel() == 0:
-        return coef
-    for layer in coef:
-        nn.init.xavier_normal_(layer, gain=gain)
-    step = math.ceil(m / series)
-    cols = torch.arange(series)
-    rows = cols * step
-    keep = rows < m
-    coef[:, :, rows[keep], cols[keep]] += 1.0
-    return coef
 
 
 def xpos_zeta(dim: int) -> torch.Tensor:
