@@ -43,7 +43,7 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
         # q, k, v: (B, H, T, D)
         if "qk" in scheme.hooks:
-            q, k = scheme.rotate(q, k, ctx.pos, ctx.shared)
+            q, k = scheme.rotate(q, k, ctx.pos, ctx.shared, self.layer)
         if plan.factor is not None:  # the layer's temperature
             q = q * plan.factor.to(q.dtype)
         gate = scheme.gate(x, self.layer) if "gate" in scheme.hooks else None  # (B, H, T)

@@ -24,7 +24,7 @@ from posbench.data import DataConfig, TokenData, is_probe, load_tokens, probe_co
 from posbench.errors import PosbenchError, RunFailed, on_interrupt
 from posbench.model import ModelConfig, Transformer
 from posbench.schemes import Dims, get_scheme
-from posbench.schemes.base import coerce_params, identity_params
+from posbench.schemes.base import Scheme, coerce_params, identity_params
 
 
 @dataclass(frozen=True)
@@ -250,8 +250,12 @@ def lr_at(step: int, t: TrainConfig) -> float:
 
 
 def make_optimizer(model: Transformer, t: TrainConfig) -> torch.optim.Optimizer:
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and p.requires_grad]
-    rest = [p for n, p in model.named_parameters() if p.dim() < 2 and p.requires_grad]
+    """AdamW with weight decay on the tensors of 2 or more dimensions (matrices, tables), except
+    those a scheme names in `no_weight_decay`; biases, norms and the rest take none."""
+    exempt = {id(p) for m in model.modules() if isinstance(m, Scheme) for p in m.undecayed()}
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2 and id(p) not in exempt]
+    rest = [p for p in params if p.dim() < 2 or id(p) in exempt]
     groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": rest, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=t.lr, betas=(0.9, 0.95))
 

@@ -33,7 +33,7 @@ def flex_and_explicit(scheme, flex_fn, pos, head_dim=D):
     q, k, v = (torch.randn(2, H, pos.shape[0], head_dim) for _ in range(3))
     ctx = attention.prepare(scheme, pos, "flex")
     if "qk" in scheme.hooks:
-        q, k = (t.detach() for t in scheme.rotate(q, k, pos, ctx.shared))
+        q, k = (t.detach() for t in scheme.rotate(q, k, pos, ctx.shared, 0))
     out = flex_fn(q, k, v, score_mod=ctx.score_mod, block_mask=ctx.block_mask, scale=scheme.qk_scale)
     ref = attention.explicit_attention(q, k, v, scheme, attention.prepare(scheme, pos, "explicit"), 0)
     return out, ref

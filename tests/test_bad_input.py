@@ -479,7 +479,7 @@ def test_a_nan_run_does_not_stop_the_grid(corpus_dir, capsys, tmp_path, monkeypa
     evaluated and reported, and `posbench run` exits 1 naming the failed run."""
     from posbench.schemes.rotary import RoPE
 
-    monkeypatch.setattr(RoPE, "rotate", lambda self, q, k, pos, ctx: (q * float("nan"), k))
+    monkeypatch.setattr(RoPE, "rotate", lambda self, q, k, pos, ctx, layer: (q * float("nan"), k))
     task = tmp_path / "two.toml"
     task.write_text('schemes = ["alibi", "rope"]\n' + TINY_TASK.format(corpus=corpus_dir))
     out = tmp_path / "out"

@@ -187,7 +187,7 @@ def test_tupe_scores_equal_the_formula_by_double_loop():
     t = len(pos)
     q, k = torch.randn(2, H, t, dh), torch.randn(2, H, t, dh)
     ctx = scheme.prepare(pos)
-    q2, k2 = scheme.rotate(q, k, pos, ctx)
+    q2, k2 = scheme.rotate(q, k, pos, ctx, 0)
     scores = q2 @ k2.transpose(-1, -2) * scheme.qk_scale + scheme.bias(pos, ctx)
 
     p = scheme.table.detach()[pos]  # (T, d)
@@ -234,7 +234,7 @@ def test_bias_fn_works_as_flex_score_mod(name):
     ref_ctx = attention.prepare(scheme, pos, "explicit")
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        q2, k2 = (q, k) if "qk" not in scheme.hooks else scheme.rotate(q, k, pos, flex_ctx.shared)
+        q2, k2 = (q, k) if "qk" not in scheme.hooks else scheme.rotate(q, k, pos, flex_ctx.shared, 0)
         out = flex_attention(q2, k2, v, score_mod=flex_ctx.score_mod,
                              block_mask=flex_ctx.block_mask, scale=scheme.qk_scale)
         ref = attention.explicit_attention(q2, k2, v, scheme, ref_ctx, 0)

@@ -219,3 +219,61 @@ def test_train_and_extrapolate_to_16x_from_the_command_line(corpus_dir, tmp_path
     assert all(r["status"] == "ok" and math.isfinite(float(r["ppl"])) for r in rows)
     backends = {r["scheme"]: r["backend"] for r in results.read_rows(tmp_path / "runs.csv")}
     assert backends == {"fox": "sdpa-bias", "stickbreaking": "explicit"}
+
+
+def test_cable_equals_fox_with_negated_gate_weights():
+    """-softplus(z) = log sigmoid(-z): CABLE with (W, b) is FoX with (-W, -b), through the model."""
+    cable = tiny_model("cable")
+    fox = tiny_model("fox")
+    state = cable.state_dict()
+    for key in [k for k in state if k.endswith(("gate_weight", "gate_bias"))]:
+        state[key] = state[key] * 0.5 - 0.3  # gates well away from their init, then negated
+    cable.load_state_dict(state)
+    fox.load_state_dict({k: -v if k.endswith(("gate_weight", "gate_bias")) else v for k, v in state.items()})
+    x = torch.randint(0, 50, (2, 16))
+    with torch.no_grad():
+        assert torch.allclose(cable(x), fox(x), atol=1e-6)
+        assert not torch.allclose(cable(x), tiny_model("fox")(x), atol=1e-4)
+
+
+def test_cable_bias_is_the_papers_sum_of_softplus():
+    """bias(i, j) = -sum_{r = j+1..i} softplus(w . x_r + b), per head, <= 0 (axiomlab/Cable)."""
+    torch.manual_seed(0)
+    scheme = SCHEMES["cable"](Dims(H * D, H, 2, 50, T, T))
+    with torch.no_grad():
+        scheme.gate_bias.normal_(0, 1)
+    x = torch.randn(B, T, H * D)
+    with torch.no_grad():
+        got = attention.gate_bias(scheme.gate(x, 1))  # (B, H, T, T)
+        z = x @ scheme.gate_weight[1].T + scheme.gate_bias[1]  # (B, T, H)
+    for i, j in [(0, 0), (5, 2), (10, 0), (7, 6)]:
+        want = -F.softplus(z[:, j + 1:i + 1]).sum(1)  # (B, H)
+        assert torch.allclose(got[:, :, i, j], want, atol=1e-5)
+    assert (got.tril() <= 0).all()
+    # at init (b = 0, w small) about -ln 2 per token of distance
+    fresh = SCHEMES["cable"](Dims(H * D, H, 2, 50, T, T))
+    with torch.no_grad():
+        per_token = attention.gate_bias(fresh.gate(x * 0.1, 0))[:, :, T - 1, 0] / (T - 1)
+    assert torch.allclose(per_token, torch.full_like(per_token, -math.log(2)), atol=0.01)
+
+
+@pytest.mark.parametrize("name", ["fox", "cable"])
+def test_gate_biases_take_no_weight_decay(name):
+    """The gate bias is (layers, heads), 2-D, yet out of weight decay as the references keep it;
+    the gate weights, and the model's matrices, decay."""
+    from posbench.config import TrainConfig
+    from posbench.train import make_optimizer
+
+    model = tiny_model(name)
+    opt = make_optimizer(model, TrainConfig(weight_decay=0.1))
+    decay = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    scheme = model.layout.schemes[0]
+    assert scheme.gate_bias.dim() == 2 and id(scheme.gate_bias) not in decay
+    assert id(scheme.gate_weight) in decay and id(model.head.weight) in decay
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
+    with torch.no_grad():  # a step with zero gradients moves decayed tensors only
+        scheme.gate_bias.fill_(1.0)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    assert torch.equal(scheme.gate_bias, torch.ones_like(scheme.gate_bias))

@@ -20,7 +20,7 @@ def make(name, **params):
 
 
 def xpos_logits(scheme, q, k, pos):
-    q2, k2 = scheme.rotate(q, k, pos, scheme.prepare(pos))
+    q2, k2 = scheme.rotate(q, k, pos, scheme.prepare(pos), 0)
     return q2 @ k2.transpose(-1, -2)  # (B, H, T, T), unscaled
 
 

@@ -35,7 +35,7 @@ def test_fraction_zero_leaves_attention_position_free(name):
     scattered = torch.tensor([0, 5, 9, 40, 41, 77, 100, 101, 230, 231, 300, 512, 700, 701, 900, 1000])
     assert torch.equal(outputs(model, torch.arange(T)), outputs(model, scattered))
     q, k = torch.randn(2, 1, 2, T, 8).unbind(0)
-    assert all(torch.equal(a, b) for a, b in zip(model.layout.schemes[0].rotate(q, k, scattered, model.layout.schemes[0].prepare(scattered)),
+    assert all(torch.equal(a, b) for a, b in zip(model.layout.schemes[0].rotate(q, k, scattered, model.layout.schemes[0].prepare(scattered), 0),
                                                  (q, k)))
 
 
@@ -51,14 +51,14 @@ def test_at_half_the_two_conventions_keep_different_frequencies():
     x = torch.zeros(1, 1, 1, 8)
     x[..., 1] = 1.0  # pair 1: (x_1, x_3) of the 4 rotated dims; (x_1, x_5) of the whole head
     pos = torch.tensor([m])
-    y, _ = partial.rotate(x, x, pos, partial.prepare(pos))
+    y, _ = partial.rotate(x, x, pos, partial.prepare(pos), 0)
     assert y[0, 0, 0].tolist() == pytest.approx([0, math.cos(m * 0.01), 0, math.sin(m * 0.01), 0, 0, 0, 0], abs=1e-6)
-    y, _ = proportional.rotate(x, x, pos, proportional.prepare(pos))
+    y, _ = proportional.rotate(x, x, pos, proportional.prepare(pos), 0)
     assert y[0, 0, 0].tolist() == pytest.approx([0, math.cos(m * 0.1), 0, 0, 0, math.sin(m * 0.1), 0, 0], abs=1e-6)
     x = torch.zeros(1, 1, 1, 8)
     x[..., 6] = 1.0  # passes through rope fraction=0.5 (dim 6 >= r), and p-rope's zeroed pair 2
     for scheme in (partial, proportional):
-        assert torch.equal(scheme.rotate(x, x, pos, scheme.prepare(pos))[0], x)
+        assert torch.equal(scheme.rotate(x, x, pos, scheme.prepare(pos), 0)[0], x)
 
 
 def test_scaling_acts_on_the_rotated_dims():

@@ -6,7 +6,11 @@ d model width. `pos` is a (T,) long tensor of explicit positions shared by the b
 
 - input   ``embed(x, idx, pos) -> x``          x (B, T, d), idx (B, T) token ids
 - mixer   ``mix(x) -> x``                      x (B, T, d)
-- qk      ``rotate(q, k, pos, ctx) -> q, k``   q, k (B, H, T, D)
+- qk      ``rotate(q, k, pos, ctx, layer) -> q, k``  q, k (B, H, T, D) in; out (B, H, T, D'),
+                                               D' = D unless the scheme widens both (tupe,
+                                               pope: 2D); v keeps D. `layer` picks the
+                                               layer's own parameters (pope's phase offsets,
+                                               fope's coefficients)
 - bias    ``bias_fn(h, qpos, kpos) -> b``      elementwise on broadcastable long tensors; the same
                                                function serves the materialized (H, T, T) mask and
                                                FlexAttention's score_mod
@@ -113,6 +117,10 @@ class Scheme(nn.Module):
     extensions: ClassVar[tuple[str, ...]] = ()  # eval-time policies past position_limit()
     # Parameters added after the scheme first shipped: see `identity_params`.
     added_params: ClassVar[tuple[str, ...]] = ()
+    # Names of the scheme's own parameters that take no weight decay whatever their shape (the
+    # optimizer decays every other tensor of 2 or more dimensions): biases stacked per layer and
+    # head, which the references keep out of weight decay.
+    no_weight_decay: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, dims: Dims):
         super().__init__()
@@ -153,7 +161,7 @@ class Scheme(nn.Module):
     def mix(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def rotate(self, q, k, pos, ctx):
+    def rotate(self, q, k, pos, ctx, layer: int):
         raise NotImplementedError
 
     def bias_fn(self, h: torch.Tensor, qpos: torch.Tensor, kpos: torch.Tensor) -> torch.Tensor:
@@ -175,6 +183,10 @@ class Scheme(nn.Module):
 
     def weights(self, scores: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def undecayed(self) -> list[nn.Parameter]:
+        """The parameters named in `no_weight_decay`."""
+        return [getattr(self, name) for name in self.no_weight_decay]
 
     def describe(self) -> str:
         """The parameter values, as recorded in result rows."""

@@ -176,6 +176,7 @@ class Fire(Scheme):
     reference = "Li et al. 2024, arXiv:2310.04418"
     notes = "MLP width 32; c, L learned (L starts at train_len/4 unless L > 0); shared by layers"
     defaults = {"width": 32, "c": 0.1, "L": 0.0}
+    activation = staticmethod(F.relu)  # the MLP's hidden units
 
     def __init__(self, dims):
         super().__init__(dims)
@@ -202,7 +203,7 @@ class Fire(Scheme):
         x = self.normalized(qpos, kpos)
         out = self.b2[h]
         for u in range(self.p["width"]):
-            out = out + self.w2[h, u] * torch.relu(self.w1[u] * x + self.b1[u])
+            out = out + self.w2[h, u] * self.activation(self.w1[u] * x + self.b1[u])
         return out
 
     def bias(self, pos, ctx=None):
@@ -212,7 +213,7 @@ class Fire(Scheme):
         blocks = []
         for qpos in pos.split(rows):
             x = self.normalized(qpos[:, None], pos[None, :])  # (r, T)
-            hidden = F.linear(x[..., None], self.w1[:, None], self.b1).relu()  # (r, T, width)
+            hidden = self.activation(F.linear(x[..., None], self.w1[:, None], self.b1))  # (r, T, width)
             blocks.append(F.linear(hidden, self.w2, self.b2))  # (r, T, H)
         return torch.cat(blocks).permute(2, 0, 1)
 
@@ -327,7 +328,7 @@ class Tupe(Scheme):
         pk = (p @ self.u_k).view(t, self.n_heads, self.head_dim).transpose(0, 1)
         return pu, pk
 
-    def rotate(self, q, k, pos, ctx):
+    def rotate(self, q, k, pos, ctx, layer):
         pu, pk = ctx
         b = q.shape[0]
         q = torch.cat([q, pu.to(q.dtype).expand(b, -1, -1, -1)], dim=-1)  # (B, H, T, 2D)

@@ -1,4 +1,5 @@
-"""Rotary schemes: q and k rotated by position in every attention layer (SCHEMES.md 13, 15, 23).
+"""Rotary schemes: q and k rotated by position in every attention layer (SCHEMES.md 13, 15, 23,
+29, 32, 33).
 
 Layout: half-split (GPT-NeoX): pair t is (x_t, x_{t + r/2}), t < r/2, over the r rotated dims. It
 equals the interleaved layout of the RoFormer paper up to a fixed permutation of head dimensions,
@@ -11,6 +12,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from posbench.errors import PosbenchError, did_you_mean
 from posbench.schemes.base import Scheme
@@ -112,11 +115,14 @@ def rope_frequencies(
     return inv, 1.0
 
 
-def angle_table(inv: torch.Tensor, mscale: float = 1.0) -> GrowingTable:
-    """Rows (2, D/2) per position k: cos and sin of k * inv, times mscale, computed in float64."""
+def angle_table(inv: torch.Tensor, mscale: float = 1.0, period: torch.Tensor | None = None) -> GrowingTable:
+    """Rows (2, len(inv)) per position k: cos and sin of k * inv, times mscale, computed in
+    float64. With an integer `period` per pair, of (k mod period) * inv: the pair then repeats
+    exactly, bit for bit, every `period` positions."""
 
     def build(n, device):
-        angle = torch.arange(n, dtype=torch.float64)[:, None] * inv
+        k = torch.arange(n, dtype=torch.float64)[:, None]
+        angle = (k if period is None else k.remainder(period)) * inv
         return (torch.stack([angle.cos(), angle.sin()], dim=1) * mscale).float().to(device)
 
     return GrowingTable(build)
@@ -179,6 +185,10 @@ class RoPE(Scheme):
         """Inverse frequencies (r/2,) float64 at this window length, and YaRN's attention factor."""
         return rope_frequencies(self.rotary_dim, self.p["base"], self.dims.train_len, self.scaling, length)
 
+    def build_table(self, length: int) -> GrowingTable:
+        """cos and sin of the frequencies at this window length, per position."""
+        return angle_table(*self.frequencies(length))
+
     def angles(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin (T, r/2) at `pos`, YaRN's attention factor folded in."""
         length = int(pos.max()) + 1
@@ -187,14 +197,14 @@ class RoPE(Scheme):
         grown = max(length, train_len) if self.scaling.kind == "dynamic-ntk" else 0
         key = (self.scaling, self.scaling.scale(length, train_len), grown)
         if key not in self._tables:
-            self._tables[key] = angle_table(*self.frequencies(length))
+            self._tables[key] = self.build_table(length)
         cos_sin = self._tables[key](pos)  # (T, 2, r/2)
         return cos_sin[:, 0], cos_sin[:, 1]
 
     def prepare(self, pos):
         return self.angles(pos)
 
-    def rotate(self, q, k, pos, ctx):
+    def rotate(self, q, k, pos, ctx, layer):
         cos, sin = ctx
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         r = self.rotary_dim
@@ -236,6 +246,181 @@ class PRoPE(RoPE):
         return inv, mscale
 
 
+def integer_wavelengths(inv: torch.Tensor) -> torch.Tensor:
+    """Resonance RoPE's rounding (Wang et al. 2024, Algorithm 1): each wavelength 2 pi / theta
+    to its nearest integer lambda~, returned as lambda~ (float64)."""
+    return (2 * math.pi / inv).round()
+
+
+@register
+class Resonance(RoPE):
+    """Resonance RoPE (Wang et al., ACL Findings 2024, "Resonance RoPE: Improving Context Length
+    Generalization of Large Language Models"): RoPE with every wavelength rounded to an integer,
+    lambda~_t = round(2 pi / theta_t), theta~_t = 2 pi / lambda~_t (`integer_wavelengths`). A pair
+    with lambda~_t <= L_train repeats exactly every lambda~_t tokens, so positions past L_train
+    reuse the angles it was trained on; as the reference repeats a pair's first period, angles are
+    computed as (n mod lambda~_t) theta~_t, exactly periodic. D = 64, base 1e4: lambda~ = 6, 8, 11,
+    15, 20, 26, 35, 47, ... (theta~_0 = pi/3, not 1).
+
+    Eval-time scaling as `rope`, and the rounding comes after it: under `--rope-scaling yarn`
+    this is the paper's Resonance-YaRN (sheryc/resonance_rope `LlamaYaRNScaledResonanceRotary
+    Embedding`: YaRN's frequencies, then `resonance_register`, YaRN's attention factor kept).
+    Half-split pairs and `fraction` as `rope`. Path: sdpa-causal (flash on CUDA)."""
+
+    name = "resonance"
+    reference = "Wang et al. 2024, arXiv:2403.00071 (sheryc/resonance_rope)"
+    notes = ("rope with integer wavelengths round(2 pi/theta); eval-time scaling as rope, rounded "
+             "after it (yarn: Resonance-YaRN)")
+    added_params = ()
+
+    def frequencies(self, length):
+        inv, mscale = super().frequencies(length)
+        return 2 * math.pi / integer_wavelengths(inv), mscale
+
+    def build_table(self, length):
+        inv, mscale = self.frequencies(length)
+        return angle_table(inv, mscale, period=integer_wavelengths(inv))
+
+
+@register
+class PoPE(Scheme):
+    """PoPE, polar coordinate position embedding (Gopalakrishnan, Csordas, Schmidhuber, Mozer
+    2025, "Decoupling the 'What' and 'Where' With Polar Coordinate Positional Embeddings"): the
+    content sets the magnitudes, the position the phases. Each of the D elements of a head has
+    its own frequency theta_c = base^(-c/D), c = 0..D-1 (the paper's theta^((c-1)/d) lost the
+    minus sign; both reference codes use base^(-c/D)). For a query at t and a key at s:
+
+        q' = [softplus(q) cos(t theta), softplus(q) sin(t theta)]                 (B, H, T, 2D)
+        k' = [softplus(k) cos(s theta + delta), softplus(k) sin(s theta + delta)]
+
+    so q'.k' / sqrt(D) = sum_c softplus(q_c) softplus(k_c) cos((s - t) theta_c + delta_c) /
+    sqrt(D), with D the head dim before doubling (x-transformers `apply_polar_pos_emb` and
+    PoPE-pytorch scale so; the paper is silent); v keeps D. delta (L, H, D): a learned phase
+    offset of the keys per layer and head, clamped to [-2 pi, 0] in every forward, 0 at init
+    (the paper: zero init extrapolates, U(-2 pi, 0) is slightly better in distribution); one per
+    layer, as the paper plots (Figs. 7-8), where x-transformers shares one across layers. As the
+    references, magnitudes and phases in float32, then cast back.
+
+    Path: sdpa-causal. On CUDA, SDPA takes its memory-efficient kernel: flash needs q, k and v of
+    one head dim, and here q, k are 2D wide."""
+
+    name = "pope"
+    family = "rotary"
+    relative = True
+    hooks = ("qk",)
+    reference = "Gopalakrishnan et al. 2025, arXiv:2509.10534 (lucidrains/x-transformers PolarEmbedding)"
+    notes = ("softplus magnitudes, phases at base^(-c/D) per element plus a learned key offset "
+             "per layer and head in [-2 pi, 0]; q, k 2D wide, v D")
+    defaults = {"base": 10000.0}
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        d = self.head_dim
+        self.table = angle_table(self.p["base"] ** -(torch.arange(d, dtype=torch.float64) / d))
+        self.phase = nn.Parameter(torch.zeros(dims.n_layers, dims.n_heads, d))
+
+    def prepare(self, pos):
+        cos_sin = self.table(pos)  # (T, 2, D)
+        return cos_sin[:, 0], cos_sin[:, 1]
+
+    def rotate(self, q, k, pos, ctx, layer):
+        cos, sin = ctx  # (T, D): the phases t theta
+        delta = self.phase[layer].clamp(-2 * math.pi, 0)[:, None]  # (H, 1, D)
+        # cos and sin of s theta + delta by the angle-sum identities, so the float64-built table
+        # keeps large s theta exact and delta still gets its gradient
+        k_cos = cos * delta.cos() - sin * delta.sin()  # (H, T, D)
+        k_sin = sin * delta.cos() + cos * delta.sin()
+        mq, mk = F.softplus(q.float()), F.softplus(k.float())  # (B, H, T, D)
+        q2 = torch.cat([mq * cos, mq * sin], dim=-1)  # (B, H, T, 2D)
+        k2 = torch.cat([mk * k_cos, mk * k_sin], dim=-1)
+        return q2.to(q.dtype), k2.to(k.dtype)
+
+
+def fourier_coefficients(shape: tuple[int, int, int, int], gain: float) -> torch.Tensor:
+    """(L, H, M, d_out) FoPE coefficients: per layer xavier_normal over (H, M, d_out), as the
+    reference initializes each layer's tensor (fan_in M d_out, fan_out H d_out), plus the
+    step identity E[m ceil(M / d_out), m] = 1."""
+    coef = torch.zeros(shape)
+    m, series = shape[2:]
+    if coef.numel() == 0:
+        return coef
+    for layer in coef:
+        nn.init.xavier_normal_(layer, gain=gain)
+    step = math.ceil(m / series)
+    cols = torch.arange(series)
+    rows = cols * step
+    keep = rows < m
+    coef[:, :, rows[keep], cols[keep]] += 1.0
+    return coef
+
+
+@register
+class FoPE(Scheme):
+    """FoPE, Fourier position embedding (Hua et al., ICML 2025, "Fourier Position Embedding:
+    Enhancing Attention's Periodic Extension for Length Generalization"): each RoPE pair carries
+    a Fourier series over the head's frequencies instead of one frequency, and the frequencies
+    too slow to turn once in a training window are dropped.
+
+    omega_k = base^(-2k/D); those below 2 pi / L (L = train_len) are set to 0 and dropped, M kept,
+    and d_out = min(M, D/4) series. Per layer and head fixed coefficients A^c, A^s (M, d_out):
+    C_m(n) = sum_k A^c[k, m] cos(omega_k n), S_m(n) = sum_k A^s[k, m] sin(omega_k n), m < d_out;
+    channels d_out..D/2-1 get C = S = 1 (the reference pads both with 1: position-free, not the
+    identity). q' = q [C, C] + rotate_half(q) [S, S] (half-split: pair m of q becomes
+    (q_m C_m - q_{m+D/2} S_m, q_{m+D/2} C_m + q_m S_m)); k likewise. D = 64, L = 512: M = 16 of 32,
+    d_out = 16; L = 1024: M = 18, d_out = 16.
+
+    As `FourierEmbedding` in TsinghuaC3I/Fourier-Position-Embedding (`olmo/model.py`, configs
+    `c4/length-512/ce-fourier`): `fourier_learnable = False`, so the coefficients are buffers,
+    random and saved with the model, never trained; each layer's (H, M, d_out) is
+    xavier_normal with gain `sigma`, plus E (I when M = d_out, else 1 at [m ceil(M/d_out), m]
+    while that row is < M). sigma is 0.3 / 0.4 / 0.6 for 60M / 180M / 1.2B there; posbench takes
+    0.3, the smallest. `floor=false`: no frequency dropped, M = d_out = D/2 (the reference
+    without its floor clamp and `fourier_ignore_zero`); with sigma = 0 that is `rope` exactly.
+
+    Not translation-invariant: A^c != A^s, so q'.k' reads n and m, not n - m only. Path:
+    sdpa-causal (flash on CUDA)."""
+
+    name = "fope"
+    family = "rotary"
+    hooks = ("qk",)
+    reference = "Hua et al., ICML 2025, arXiv:2412.17739 (TsinghuaC3I/Fourier-Position-Embedding)"
+    notes = ("RoPE pairs as Fourier series with fixed random coefficients per layer and head; "
+             "frequencies below 2 pi/train_len dropped, min(M, D/4) series, the rest padded with 1")
+    defaults = {"base": 10000.0, "sigma": 0.3, "floor": True}
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        d = self.head_dim
+        if d % 2:
+            raise PosbenchError(f"{self.name} needs an even head dimension, got {d}")
+        inv = self.p["base"] ** -(torch.arange(0, d, 2, dtype=torch.float64) / d)
+        if self.p["floor"]:
+            inv = inv[inv >= 2 * math.pi / dims.train_len]
+            series = min(len(inv), d // 4)
+        else:
+            series = d // 2
+        self.table = angle_table(inv)
+        shape = (dims.n_layers, dims.n_heads, len(inv), series)
+        self.register_buffer("cos_coef", fourier_coefficients(shape, self.p["sigma"]))
+        self.register_buffer("sin_coef", fourier_coefficients(shape, self.p["sigma"]))
+
+    def prepare(self, pos):
+        cos_sin = self.table(pos)  # (T, 2, M)
+        return cos_sin[:, 0], cos_sin[:, 1]
+
+    def series(self, ctx, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """C and S (H, T, D/2) of one layer, padded with 1 past d_out."""
+        cos, sin = ctx
+        c = torch.einsum("tk,hkm->htm", cos, self.cos_coef[layer])  # (H, T, d_out)
+        s = torch.einsum("tk,hkm->htm", sin, self.sin_coef[layer])
+        pad = self.head_dim // 2 - c.shape[-1]
+        return F.pad(c, (0, pad), value=1.0), F.pad(s, (0, pad), value=1.0)
+
+    def rotate(self, q, k, pos, ctx, layer):
+        c, s = (t.to(q.dtype) for t in self.series(ctx, layer))
+        return rotate_half(q, c, s), rotate_half(k, c, s)
+
+
 def xpos_zeta(dim: int) -> torch.Tensor:
     """(dim/2,) float64 per-pair decay base zeta_t = (2t/dim + 0.4) / 1.4 (Sun et al. 2022)."""
     return (torch.arange(0, dim, 2, dtype=torch.float64) / dim + 0.4) / 1.4
@@ -274,7 +459,7 @@ class XPos(Scheme):
         scale = zeta ** ((pos - centre).double()[:, None] / self.p["gamma"])  # (T, D/2)
         return cos_sin[:, 0], cos_sin[:, 1], scale.float()
 
-    def rotate(self, q, k, pos, ctx):
+    def rotate(self, q, k, pos, ctx, layer):
         cos, sin, scale = (t.to(q.dtype) for t in ctx)
         # rotate_half is linear in (cos, sin): scaling both scales the rotated pair
         return rotate_half(q, cos * scale, sin * scale), rotate_half(k, cos / scale, sin / scale)

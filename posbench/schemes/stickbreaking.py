@@ -30,7 +30,9 @@ class StickBreaking(Scheme):
     """Stick-breaking attention (Tan et al. 2025): no softmax and no position encoding. As in
     the reference (shawntan/stickbreaking-attention, attend_current=False), a query does not
     break the stick at its own token; what the keys before it leave, 1 - sum_j A_ij, goes to its
-    own value (the reference adds rem * v_i), here put on the diagonal of the weights."""
+    own value (the reference adds rem * v_i), here put on the diagonal of the weights. IBM's
+    dolomite-engine (lm-engine `SBAttention`) takes another convention: rem times a learned
+    per-head vector, then a GroupNorm over the heads."""
 
     name = "stickbreaking"
     family = "weights"
