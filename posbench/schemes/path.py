@@ -48,15 +48,21 @@ def path_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.T
         beta = F.pad(beta, (0, pad))
     q, k, w = (a.view(b, h, n, c, d) for a in (q, k, w))  # (B, H, n, C, D)
     bw = beta.view(b, h, n, c, 1) * w  # D_b W
+    wk = torch.cat([w, k], dim=-2)  # (B, H, n, 2C, D): one matmul for both products
+    bww, bwk = (bw @ wk.mT).split(c, dim=-1)  # D_b W W^T, D_b W k^T (.., C, C)
+    qw, qk = (q @ wk.mT).split(c, dim=-1)
     strict = torch.ones(c, c, dtype=torch.bool, device=q.device).tril(-1)
-    unit = torch.eye(c, dtype=q.dtype, device=q.device) + (bw @ w.mT) * strict  # T^-1
-    rhs = torch.cat([(bw @ k.mT) * strict, bw], dim=-1)  # (B, H, n, C, C + D)
-    tk, tw = torch.linalg.solve_triangular(unit, rhs, upper=False, unitriangular=True).split(
-        [c, d], dim=-1)  # T strict_tril(D_b W k^T) (.., C, C), T D_b W (.., C, D)
-    qw = (q @ w.mT).tril()  # q_i . w_a for a <= i: the steps between a query and its chunk start
-    local = q @ k.mT - qw @ tk  # (B, H, n, C, C)
+    unit = torch.eye(c, dtype=q.dtype, device=q.device) + bww * strict  # T^-1
+
+    def times_t(rhs):  # T @ rhs, a unit lower triangular solve
+        return torch.linalg.solve_triangular(unit, rhs, upper=False, unitriangular=True)
+
+    tk = times_t(bwk * strict)  # T strict_tril(D_b W k^T)
+    qw = qw.tril()  # q_i . w_a for a <= i: the steps between a query and its chunk start
+    local = qk - qw @ tk  # (B, H, n, C, C)
     if n == 1:
         return local[:, :, 0]
+    tw = times_t(bw)  # T D_b W (.., C, D)
     scores = q.new_zeros(b, h, n, c, n, c)  # (query chunk, query, key chunk, key)
     torch.diagonal(scores, 0, 2, 4).copy_(local.permute(0, 1, 3, 4, 2))
     queries = (q - qw @ tw)[:, :, 1:]  # chunks 1.., each query through its chunk's steps
