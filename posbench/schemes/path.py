@@ -156,10 +156,10 @@ class PathFox(Path):
         s_ij =  q_i^T H_i ... H_{j+1} k_j / sqrt(D) + c_i - c_j      (scaled_gate=false).
 
     The default divides the gate by sqrt(D) with the content, as the reference's PaTH does
-    (naive_path_attn scales A + G_i - G_j; its kernel and decoding likewise), and so as the
-    paper's PaTH-FoX was trained; posbench's `fox`, like the FoX reference, leaves the gate
-    unscaled, and `scaled_gate=false` takes that convention (with every beta at 0 it is then
-    exactly `fox`)."""
+    (naive_path_attn scales A + G_i - G_j; its kernel and decoding likewise): at init, with
+    f = 1/2, a key then loses ln 2 / sqrt(D) per token of distance instead of ln 2. posbench's
+    `fox`, like the FoX reference, leaves the gate unscaled, and `scaled_gate=false` takes that
+    convention (with every beta at 0 it is then exactly `fox`)."""
 
     name = "path-fox"
     family = "householder"
