@@ -36,8 +36,9 @@ def path_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.T
     triangular solve). Inside the chunk s = q k^T - tril(q W^T) T strict_tril(D_b W k^T); each
     query is then carried back to its chunk's start, each key forward to its chunk's end, and
     for the chunks between them the query is multiplied by one chunk product (D, D) per step,
-    a loop over chunk distances, each step batched over every chunk. Cost O(T C D + T^2 D (1 +
-    D / C)) time, O(T^2 + T D^2 / C) memory beside the scores; one chunk (T <= C) skips the loop.
+    a loop over chunk distances, each step batched over every chunk. Time O(T C D + T^2 D (1 +
+    D / C)); memory O(T C + T D^2 / C) beside the (T, T) scores, and under autograd the loop
+    keeps T^2 D / 2C floats of carried queries. One chunk (T <= C) skips the loop.
     """
     b, h, t, d = q.shape
     c = min(chunk, t)
@@ -48,26 +49,22 @@ def path_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.T
         beta = F.pad(beta, (0, pad))
     q, k, w = (a.view(b, h, n, c, d) for a in (q, k, w))  # (B, H, n, C, D)
     bw = beta.view(b, h, n, c, 1) * w  # D_b W
-    wk = torch.cat([w, k], dim=-2)  # (B, H, n, 2C, D): one matmul for both products
-    bww, bwk = (bw @ wk.mT).split(c, dim=-1)  # D_b W W^T, D_b W k^T (.., C, C)
-    qw, qk = (q @ wk.mT).split(c, dim=-1)
     strict = torch.ones(c, c, dtype=torch.bool, device=q.device).tril(-1)
-    unit = torch.eye(c, dtype=q.dtype, device=q.device) + bww * strict  # T^-1
-
-    def times_t(rhs):  # T @ rhs, a unit lower triangular solve
-        return torch.linalg.solve_triangular(unit, rhs, upper=False, unitriangular=True)
-
-    tk = times_t(bwk * strict)  # T strict_tril(D_b W k^T)
-    qw = qw.tril()  # q_i . w_a for a <= i: the steps between a query and its chunk start
-    local = qk - qw @ tk  # (B, H, n, C, C)
+    unit = torch.eye(c, dtype=q.dtype, device=q.device) + (bw @ w.mT) * strict  # T^-1
+    bwk = (bw @ k.mT) * strict  # strict_tril(D_b W k^T)
+    qw = (q @ w.mT).tril()  # q_i . w_a for a <= i: the steps between a query and its chunk start
+    rows = qw if n == 1 else torch.cat([qw, w.mT], dim=-2)  # (.., C [+ D], C)
+    # rows @ T: one unit triangular solve from the right serves both terms
+    rows = torch.linalg.solve_triangular(unit, rows, upper=False, left=False, unitriangular=True)
+    local = q @ k.mT - rows[..., :c, :] @ bwk  # (B, H, n, C, C)
     if n == 1:
         return local[:, :, 0]
-    tw = times_t(bw)  # T D_b W (.., C, D)
+    qwt, wt = rows.split([c, d], dim=-2)  # tril(q W^T) T, W^T T
     scores = q.new_zeros(b, h, n, c, n, c)  # (query chunk, query, key chunk, key)
     torch.diagonal(scores, 0, 2, 4).copy_(local.permute(0, 1, 3, 4, 2))
-    queries = (q - qw @ tw)[:, :, 1:]  # chunks 1.., each query through its chunk's steps
-    keys = k - tk.mT @ w  # each key through the steps after it in its chunk
-    through = w.mT @ tw  # (B, H, n, D, D): a chunk's product is I - through
+    queries = (q - qwt @ bw)[:, :, 1:]  # chunks 1.., each query through its chunk's steps
+    keys = k - (wt @ bwk).mT  # each key through the steps after it in its chunk
+    through = wt @ bw  # (B, H, n, D, D): a chunk's product is I - through
     for r in range(1, n):  # queries of chunk m against keys of chunk m - r
         block = queries @ keys[:, :, : n - r].mT  # (B, H, n - r, C, C)
         torch.diagonal(scores, -r, 2, 4).copy_(block.permute(0, 1, 3, 4, 2))
