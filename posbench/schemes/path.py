@@ -141,7 +141,7 @@ class Path(Scheme):
     def logits(self, q, k, pos, ctx, layer, content):
         w, beta = content
         with torch.autocast(q.device.type, enabled=False):
-            return path_logits(q.float(), k.float(), w, beta) * self.qk_scale
+            return path_logits(q.float() * self.qk_scale, k.float(), w, beta)  # scale: T D, not T^2
 
 
 @register
