@@ -11,7 +11,7 @@
   (B, H, T, T) float mask c_i - c_j built per layer, since each layer has its own gates.
 - ``sdpa-mask``: a window or chunk span without a bias elsewhere: SDPA with a (T, T) bool mask.
   It computes every score and discards those outside the span: the cost of full attention.
-- ``explicit``: content-dependent terms (logits/values hooks) and weights other than softmax (the
+- ``explicit``: content-dependent terms (logits/content/values hooks) and weights other than softmax (the
   weights hook): the scores materialized, then softmax or the scheme's weights. It is also the
   reference every other path is tested against.
 
@@ -90,7 +90,7 @@ def flex_supports(scheme) -> bool:
 
 def choose_backend(scheme, device: torch.device | str, span: Span = FULL) -> str:
     hooks = set(scheme.hooks)
-    if hooks & {"logits", "values", "weights"}:
+    if hooks & {"logits", "content", "values", "weights"}:
         return "explicit"
     biased = bool(hooks & {"bias", "gate"})
     if biased or span != FULL:
@@ -204,9 +204,10 @@ def gated_score_mod(c: torch.Tensor, inner):
 
 
 def attend(q, k, v, scheme, ctx: AttnContext, layer: int,
-           gate: torch.Tensor | None = None) -> torch.Tensor:
+           gate: torch.Tensor | None = None, content: Any = None) -> torch.Tensor:
     """q, k, v (B, H, T, D) -> (B, H, T, D), over the context's span; `gate`: this layer's
-    per-token gate c (B, H, T) float32 (the gate hook), added to the logits as c_i - c_j."""
+    per-token gate c (B, H, T) float32 (the gate hook), added to the logits as c_i - c_j;
+    `content`: what this layer's content hook read of its input, for the logits hook."""
     backend = ctx.backend
     scale = scheme.qk_scale
     if backend == "sdpa-causal":
@@ -223,13 +224,15 @@ def attend(q, k, v, scheme, ctx: AttnContext, layer: int,
         return _compiled_flex()(
             q, k, v, score_mod=score_mod, block_mask=ctx.block_mask, scale=scale
         )
-    return explicit_attention(q, k, v, scheme, ctx, layer, gate)
+    return explicit_attention(q, k, v, scheme, ctx, layer, gate, content)
 
 
 def explicit_attention(q, k, v, scheme, ctx: AttnContext, layer: int,
-                       gate: torch.Tensor | None = None) -> torch.Tensor:
+                       gate: torch.Tensor | None = None, content: Any = None) -> torch.Tensor:
     if "logits" in scheme.hooks:
-        scores = scheme.logits(q, k, ctx.pos, ctx.shared, layer)  # (B, H, T, T)
+        args = (q, k, ctx.pos, ctx.shared, layer)
+        scores = scheme.logits(*args) if content is None else scheme.logits(*args, content)
+        # scores: (B, H, T, T)
     else:
         scores = (q @ k.transpose(-1, -2)) * scheme.qk_scale
     if "bias" in scheme.hooks:

@@ -47,7 +47,8 @@ class Attention(nn.Module):
         if plan.factor is not None:  # the layer's temperature
             q = q * plan.factor.to(q.dtype)
         gate = scheme.gate(x, self.layer) if "gate" in scheme.hooks else None  # (B, H, T)
-        y = attention.attend(q, k, v, scheme, ctx, self.layer, gate)  # (B, H, T, D)
+        content = scheme.content(x, self.layer) if "content" in scheme.hooks else None
+        y = attention.attend(q, k, v, scheme, ctx, self.layer, gate, content)  # (B, H, T, D)
         return self.proj(y.transpose(1, 2).reshape(b, t, d))
 
 

@@ -257,7 +257,7 @@ def test_cable_bias_is_the_papers_sum_of_softplus():
     assert torch.allclose(per_token, torch.full_like(per_token, -math.log(2)), atol=0.01)
 
 
-@pytest.mark.parametrize("name", ["fox", "cable"])
+@pytest.mark.parametrize("name", ["fox", "cable", "path-fox"])
 def test_gate_biases_take_no_weight_decay(name):
     """The gate bias is (layers, heads), 2-D, yet out of weight decay as the references keep it;
     the gate weights, and the model's matrices, decay."""
@@ -268,6 +268,7 @@ def test_gate_biases_take_no_weight_decay(name):
     opt = make_optimizer(model, TrainConfig(weight_decay=0.1))
     decay = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
     scheme = model.layout.schemes[0]
+    scheme = getattr(scheme, "forget", scheme)  # path-fox holds fox's gate inside
     assert scheme.gate_bias.dim() == 2 and id(scheme.gate_bias) not in decay
     assert id(scheme.gate_weight) in decay and id(model.head.weight) in decay
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))

@@ -15,6 +15,10 @@ d model width. `pos` is a (T,) long tensor of explicit positions shared by the b
                                                function serves the materialized (H, T, T) mask and
                                                FlexAttention's score_mod
 - logits  ``logits(q, k, pos, ctx, layer) -> s``  the full pre-softmax scores (B, H, T, T)
+- content ``content(x, layer) -> z``           what the logits hook reads of the layer's input
+                                               x (B, T, d) (PaTH's Householder steps), any
+                                               tensors; a scheme with it takes z as a sixth
+                                               argument: ``logits(q, k, pos, ctx, layer, z)``
 - values  ``values(attn, pos, ctx, layer) -> o``  a term added to attn @ v, (B, H, T, D)
 - gate    ``gate(x, layer) -> c``              per-token scalars from the layer's input x
                                                (B, T, d): c (B, H, T) float32, added to the
@@ -37,7 +41,7 @@ from torch import nn
 
 from posbench.errors import PosbenchError, did_you_mean
 
-HOOKS = ("input", "mixer", "qk", "bias", "logits", "values", "gate", "weights")
+HOOKS = ("input", "mixer", "qk", "bias", "logits", "content", "values", "gate", "weights")
 MAX_INT = 2**31 - 1  # bounds every integer setting: larger ones overflow tensors long before use
 
 
@@ -173,6 +177,9 @@ class Scheme(nn.Module):
         return self.bias_fn(h, pos[None, :, None], pos[None, None, :]).float()
 
     def logits(self, q, k, pos, ctx, layer: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def content(self, x: torch.Tensor, layer: int) -> Any:
         raise NotImplementedError
 
     def values(self, attn, pos, ctx, layer: int) -> torch.Tensor:
