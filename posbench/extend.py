@@ -183,7 +183,7 @@ class Search:
         self.scores: dict[tuple[float, ...], float] = {}
 
     def grid(self, factors) -> tuple[float, ...]:
-        return tuple(sorted(min(self.top, max(1.0, round(f / STEP) * STEP)) for f in factors))
+        return tuple(sorted(min(self.top, max(1.0, round(round(f / STEP) * STEP, 2))) for f in factors))
 
     def score(self, factors: tuple[float, ...]) -> float:
         if factors not in self.scores:
