@@ -3,6 +3,8 @@
 - `LMWindows`: a text corpus as random windows of train_len tokens, every target scored (no mask),
   exactly the draws of the training loop before probes trained on examples, so LM runs keep their
   numbers and run_ids.
+- `PoseWindows`: windows of train_len in PoSE's two chunks, positions skip-wise up to a child's
+  target length (posbench.extend).
 - `ProbeExamples`: a probe's whole examples, one per row, of lengths drawn across the length
   curriculum (posbench.probes.base), padded at the end; only the answer tokens carry loss, as in
   Zoology and the randomized-PE suite (labels -100 elsewhere there, a zero mask here).
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from posbench.errors import PosbenchError
-from posbench.positions import training_positions
+from posbench.positions import pose_positions, training_positions
 from posbench.probes import TOKENIZER, Probe
 
 VALID_EXAMPLES = 256  # held-out probe examples at the training length, scored at every eval_interval
@@ -83,6 +85,36 @@ class LMWindows:
         return {"val_loss": total / (n * t.train_len)}
 
 
+class PoseWindows(LMWindows):
+    """PoSE (Zhu et al., ICLR 2024; dwzhu-pku/PoSE `train_preprocess_function_pose`): each row is
+    two chunks of one text, chunk 0 its first l_0 tokens, chunk 1 the L_c - l_0 tokens that end
+    e ~ U{L_c..5 L_c} tokens after its start (the reference's content skip, within 5 L_c tokens of
+    text), read at positions that skip as `pose_positions` draws them up to the target length.
+    Every target is the token that follows its input in the text (the reference also scores chunk
+    0's last input against chunk 1's first token). The positions are drawn once per batch, which
+    the rows share (Batch.positions is (T,)); the reference draws them per example."""
+
+    SPAN = 5  # L_x = 5 L_c tokens of text per row, as the reference truncates
+
+    def __init__(self, stream: torch.Tensor, valid: torch.Tensor, t, target: int):
+        super().__init__(stream, valid, t)
+        if len(stream) < self.SPAN * t.train_len + 2:
+            raise PosbenchError(f"the training split ({len(stream)} tokens) is shorter than PoSE's "
+                                f"{self.SPAN} x {t.train_len} tokens of text per row")
+        self.target = target
+
+    def sample(self, gen: torch.Generator) -> Batch:
+        t, length = self.t, self.t.train_len
+        pos, first = pose_positions(length, self.target, gen)
+        span = self.SPAN * length
+        starts = torch.randint(0, len(self.stream) - span - 1, (t.batch_size,), generator=gen)
+        ends = torch.randint(length, span + 1, (t.batch_size,), generator=gen)  # e, from the row's start
+        head = starts[:, None] + torch.arange(first)  # (B, l_0)
+        tail = (starts + ends - (length - first))[:, None] + torch.arange(length - first)  # (B, L_c - l_0)
+        offsets = torch.cat([head, tail], dim=1)  # (B, L_c)
+        return Batch(self.stream[offsets], self.stream[offsets + 1], None, pos)
+
+
 def example_rows(examples, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Inputs, targets and answer mask (B, length) of examples of at most `length` tokens, padded
     at the end: a target is scored where it is an answer token."""
@@ -138,4 +170,6 @@ def source_for(spec, data):
 
     if probe_name(spec.data.spec) in PROBES:
         return ProbeExamples(parse_probe(spec.data.spec), spec.train)
+    if spec.extension is not None and spec.extension.pose:
+        return PoseWindows(data.train, data.valid, spec.train, spec.extension.target_len)
     return LMWindows(data.train, data.valid, spec.train)

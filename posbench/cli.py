@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from posbench import config
-from posbench.errors import Interrupted, PosbenchError
+from posbench.errors import Interrupted, PosbenchError, did_you_mean
 from posbench.schemes.rotary import SCALINGS
 
 # typer may vendor its own click: catch both.
@@ -160,6 +160,10 @@ def extrapolate(
     yarn_beta: Optional[float] = typer.Option(None, help="YaRN beta (beta_fast)"),
     llama3_low: Optional[float] = typer.Option(None, help="Llama 3 low_freq_factor"),
     llama3_high: Optional[float] = typer.Option(None, help="Llama 3 high_freq_factor"),
+    self_extend_group: Optional[int] = typer.Option(None, help="Self-Extend group G"),
+    self_extend_window: Optional[int] = typer.Option(None, help="Self-Extend neighbour window W (0: train_len/4)"),
+    rerope_window: Optional[int] = typer.Option(None, help="ReRoPE window w (0: train_len/4)"),
+    rerope_leak: Optional[float] = typer.Option(None, help="ReRoPE leak k (0: clip at w; >= 1: leaky ReRoPE)"),
     learned_extension: Optional[str] = typer.Option(None, help="comma-separated: none,hierarchical"),
     position_draws: Optional[int] = typer.Option(None, help="randomized runs: position draws averaged per length"),
     tolerance: Optional[float] = typer.Option(None, help="effective length: perplexity within this fraction of in-distribution (default 0.1)"),
@@ -176,6 +180,8 @@ def extrapolate(
         mode=mode, stride=stride, tokens=tokens,
         rope_scaling=_split(rope_scaling), rope_scaling_factor=scaling_factor,
         yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, llama3_low=llama3_low, llama3_high=llama3_high,
+        self_extend_group=self_extend_group, self_extend_window=self_extend_window,
+        rerope_window=rerope_window, rerope_leak=rerope_leak,
         learned_extension=_split(learned_extension), position_draws=position_draws,
         effective_tolerance=tolerance,
     )
@@ -195,6 +201,59 @@ def extrapolate(
     ]
     written = [results.table_path(out_dir, t) for t in ("extrapolation", "positions", "windows", "effective_length")]
     console.print(f"wrote {', '.join(map(str, written + plots))}")
+
+
+@app.command()
+def extend(
+    method: str = typer.Option(..., help="comma-separated: plain, pi, ntk, yarn, longrope, pose+plain, pose+pi, "
+                                         "pose+ntk, pose+yarn"),
+    runs_dir: Path = typer.Option(Path("runs"), help="where the parent runs are; children go beside them"),
+    scheme: Optional[List[str]] = typer.Option(None, help="only parents of these schemes (repeatable or comma-separated)"),
+    task: Optional[str] = typer.Option(None, help="task whose [extend] settings are the defaults"),
+    target_len: Optional[int] = typer.Option(None, help="the length to extend to (L')"),
+    steps: Optional[str] = typer.Option(None, help="budgets: steps of the parent's batch size at the target length, e.g. 25,100"),
+    lr: Optional[float] = typer.Option(None, help="fine-tuning learning rate"),
+    warmup: Optional[int] = typer.Option(None, help="warm-up steps"),
+    schedule: Optional[str] = typer.Option(None, help="constant | cosine after the warm-up"),
+    yarn_alpha: Optional[float] = typer.Option(None, help="YaRN alpha (beta_slow)"),
+    yarn_beta: Optional[float] = typer.Option(None, help="YaRN beta (beta_fast)"),
+    population: Optional[int] = typer.Option(None, help="longrope search: population"),
+    iterations: Optional[int] = typer.Option(None, help="longrope search: iterations"),
+    mutation: Optional[float] = typer.Option(None, help="longrope search: chance that a mutation redraws a factor"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    resume: bool = typer.Option(False, help="continue interrupted children from their checkpoints"),
+) -> int:
+    """Fine-tune every finished parent with each method into a child run that extends it to the
+    target length, every method on the same tokens; evaluate children with `extrapolate`."""
+    from posbench import extend as extending
+    from posbench import results
+
+    t = config.load_task(task)
+    cfg = config.replace(t.extend, target_len=target_len,
+                         steps=config.parse_int_list(steps, "steps") if steps is not None else None, lr=lr,
+                         warmup=warmup, schedule=schedule, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta,
+                         population=population, iterations=iterations, mutation=mutation)
+    methods = _split(method)
+    for name in methods:  # an unknown method: one line before any work
+        if name not in extending.METHODS:
+            raise did_you_mean(name, extending.METHODS, "extension method")
+    children, failed = extending.extend(runs_dir, cfg, lambda scheme: methods, _scheme_names(scheme), device, resume,
+                                        progress=sys.stderr.isatty(), log=lambda m: console.print(f"[dim]{escape(m)}[/]"))
+    rows = {r["run_id"]: r for r in results.read_rows(results.table_path(runs_dir, "runs"))}
+    table = Table(title=f"children at {cfg.target_len} tokens")
+    for col in ("run", "parent", "method", "steps", "tokens", "seconds", "val loss", "status"):
+        table.add_column(col)
+    for spec in children:
+        r = rows.get(spec.run_id, {})
+        table.add_row(spec.run_id, spec.extension.parent, spec.extension.method, r.get("steps", ""),
+                      r.get("tokens", ""), r.get("train_seconds", ""), r.get("final_val_loss", ""), r.get("status", ""))
+    console.print(table)
+    if failed:
+        err.print(f"error: fine-tuning failed for {', '.join(failed)} (recorded as failed in "
+                  f"{results.table_path(runs_dir, 'runs')}); the other children completed", markup=False,
+                  highlight=False, soft_wrap=True)
+        return 1
+    return 0
 
 
 @app.command()

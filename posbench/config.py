@@ -27,6 +27,7 @@ EVAL_MODES = ("nonoverlap", "sliding")
 DTYPES = ("float32", "bfloat16")
 COMPILE = ("auto", "on", "off")  # torch.compile of the training forward; auto: on for CUDA
 TRACKERS = ("none", "tensorboard", "wandb")  # posbench.trackers
+SCHEDULES = ("cosine", "constant")  # the lr after warm-up (posbench.train.lr_at)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class TrainConfig:
     randomize_positions: bool = False
     randomize_max: int = 2048  # L_max of randomized positions (Ruoss et al.)
     stop_accuracy: float = 0.0  # probes: stop once the validation accuracy reaches it (0: never)
+    schedule: str = "cosine"  # after warm-up: cosine decay to 10% of lr, or constant (fine-tuning)
     dtype: str = "float32"
     compile: str = "auto"
     tracker: str = "none"  # training curves also in tensorboard | wandb (posbench.trackers)
@@ -62,6 +64,10 @@ class EvalConfig:
     yarn_beta: float = 32.0
     llama3_low: float = 1.0  # wavelengths above train_len / llama3_low are interpolated fully
     llama3_high: float = 4.0  # wavelengths below train_len / llama3_high are kept
+    self_extend_group: int = 8  # Self-Extend G (SCHEMES.md 34)
+    self_extend_window: int = 0  # Self-Extend W, the neighbour window; 0: train_len / 4
+    rerope_window: int = 0  # ReRoPE w (SCHEMES.md 35); 0: train_len / 4
+    rerope_leak: float = 0.0  # ReRoPE k: 0 clips relative positions at w; k >= 1: leaky ReRoPE
     learned_extension: tuple[str, ...] = ("none",)
     position_buckets: int = 16
     position_draws: int = 4  # randomized runs: position draws averaged per length (posbench.positions)
@@ -97,6 +103,29 @@ class ProbesConfig:
 
 
 @dataclass(frozen=True)
+class ExtendConfig:
+    """Extension by fine-tuning (posbench.extend; SCHEMES.md 27): every finished parent of a scheme
+    of `methods` fine-tuned with each of its methods to `target_len`, once per budget of `steps`
+    (steps of the parent's batch size at target_len: every method of one parent gets the same
+    tokens), with the parent's optimizer settings but this lr, warm-up and schedule."""
+
+    methods: dict[str, tuple[str, ...]] = field(default_factory=dict)  # scheme -> methods; empty: none
+    target_len: int = 256
+    steps: tuple[int, ...] = (50,)
+    lr: float = 2e-4  # a tenth of the quick task's: fine-tuning lr well below pretraining (PI, YaRN)
+    warmup: int = 5
+    schedule: str = "constant"
+    yarn_alpha: float = 1.0
+    yarn_beta: float = 32.0
+    # LongRoPE's evolutionary search (SCHEMES.md 36): posbench's small preset, 16 + 10 x 16 evaluations
+    population: int = 16
+    parents: int = 8  # the best kept each iteration
+    mutation: float = 0.3  # chance that a mutation redraws each factor
+    iterations: int = 10
+    search_windows: int = 4  # validation windows of target_len that score a candidate
+
+
+@dataclass(frozen=True)
 class Task:
     name: str = "quick"
     version: int = TASK_VERSION
@@ -110,6 +139,7 @@ class Task:
     eval: EvalConfig = EvalConfig()
     speed: SpeedConfig = SpeedConfig()
     probes: ProbesConfig = ProbesConfig()
+    extend: ExtendConfig = ExtendConfig()
 
     def train_for(self, spec: str) -> TrainConfig:
         """The training settings of runs on data `spec`: [train], with the keys of
@@ -210,6 +240,9 @@ def _coerce(hint, value, where: str):
     if origin is dict:
         if not isinstance(value, dict):
             raise PosbenchError(f"{where} must be a table")
+        item = typing.get_args(hint)[1]
+        if typing.get_origin(item) is tuple:  # a table of lists
+            return {k: _coerce(item, v, f"{where}.{k}") for k, v in value.items()}
         for k, v in value.items():
             if not isinstance(v, dict):
                 raise PosbenchError(f"{where}.{k} must be a table of KEY = VALUE, got {v!r}")
@@ -233,6 +266,7 @@ def validate(obj) -> None:
         _choice("dtype", obj.dtype, DTYPES)
         _choice("compile", obj.compile, COMPILE)
         _choice("tracker", obj.tracker, TRACKERS)
+        _choice("schedule", obj.schedule, SCHEDULES)
         if obj.randomize_positions and obj.randomize_max < obj.train_len:
             raise PosbenchError("randomize_max must be at least train_len")
         if not 0 <= obj.stop_accuracy <= 1:
@@ -262,6 +296,11 @@ def validate(obj) -> None:
             raise PosbenchError(f"effective_threshold must be in [0, 1], got {obj.effective_threshold}")
         if not 0 <= obj.learned_threshold <= 1:
             raise PosbenchError(f"learned_threshold must be in [0, 1], got {obj.learned_threshold}")
+        if obj.self_extend_group < 1:
+            raise PosbenchError(f"self_extend_group must be >= 1, got {obj.self_extend_group}")
+        _non_negative(obj, "self_extend_window", "rerope_window")
+        if 0 < obj.rerope_leak < 1 or obj.rerope_leak < 0:
+            raise PosbenchError(f"rerope_leak must be 0 (ReRoPE) or >= 1 (leaky ReRoPE), got {obj.rerope_leak}")
         extensions = {"none", *(e for cls in SCHEMES.values() for e in cls.extensions)}
         for name in obj.learned_extension:
             _choice("learned extension", name, extensions)
@@ -285,6 +324,28 @@ def validate(obj) -> None:
         for name in obj.train:
             if name not in named:
                 raise did_you_mean(name, sorted(named), "probe in [probes.train] (not in [probes] names)")
+    elif isinstance(obj, ExtendConfig):
+        from posbench.extension import METHODS
+
+        check_lengths((obj.target_len,))
+        if not obj.steps:
+            raise PosbenchError("extend steps is empty: give at least one budget")
+        if min(obj.steps) < 1:
+            raise PosbenchError(f"extend steps must be > 0, got {min(obj.steps)}")
+        _positive(obj, "lr", "yarn_alpha", "yarn_beta", "population", "parents", "iterations", "search_windows")
+        _non_negative(obj, "warmup")
+        _choice("schedule", obj.schedule, SCHEDULES)
+        if obj.yarn_alpha >= obj.yarn_beta:
+            raise PosbenchError(f"yarn_alpha ({obj.yarn_alpha}) must be below yarn_beta ({obj.yarn_beta})")
+        if obj.parents > obj.population:
+            raise PosbenchError(f"parents ({obj.parents}) must not exceed population ({obj.population})")
+        if not 0 < obj.mutation <= 1:
+            raise PosbenchError(f"mutation must be in (0, 1], got {obj.mutation}")
+        for methods in obj.methods.values():
+            if not methods:
+                raise PosbenchError("an [extend.methods] list is empty")
+            for method in methods:
+                _choice("extension method", method, METHODS)
     elif isinstance(obj, ModelConfig):
         _positive(obj, "d_model", "n_layers", "n_heads", "mlp_ratio")
         if obj.d_model % obj.n_heads:
@@ -307,12 +368,27 @@ def validate(obj) -> None:
             layout.check(name)
         for name in obj.probes.train:
             obj.train_for(name)  # every override a valid [train]
+        check_extend_pairings(obj)
         for name, params in obj.params.items():
             plain = layout.parse(name).plain()
             if plain is None:
                 raise PosbenchError(f"params for layout {name!r}: a layout takes its parameters "
                                     "inside its spec (e.g. rope:base=500000@w16)")
             coerce_params(get_scheme(plain[0]), params)
+
+
+def check_extend_pairings(task: Task) -> None:
+    """Every scheme of [extend.methods] takes its methods at the task's sizes (one line if not)."""
+    from posbench import layout
+    from posbench.extension import check_pairing
+    from posbench.schemes import Dims
+
+    t, m = task.train, task.model
+    for name, methods in task.extend.methods.items():
+        dims = Dims(m.d_model, m.n_heads, m.n_layers, 2, t.train_len, t.train_len, task.params.get(name, {}))
+        built = layout.build(layout.check(name), dims)
+        for method in methods:
+            check_pairing(name, built, method, t.train_len, task.extend.target_len)
 
 
 def _check_numbers(obj) -> None:

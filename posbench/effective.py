@@ -33,7 +33,8 @@ from posbench import results
 TOLERANCE = 0.10  # perplexity within 10% of its in-distribution value (the task's default too)
 THRESHOLD = 0.5  # accuracy at least half-way from chance to 100%
 LEARNED = 0.9  # probes: accuracy at the training length below this is `not learned`
-RUN_COLUMNS = ("run_id", "task", "scheme", "params", "seed", "train_len")
+RUN_COLUMNS = ("run_id", "task", "scheme", "params", "seed", "train_len", "parent_run", "extend_method",
+               "extend_len", "extend_steps")
 
 
 def _walk(points: list[tuple[int, bool]]) -> tuple[int | None, str]:

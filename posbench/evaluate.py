@@ -40,6 +40,7 @@ from posbench import results, stats
 from posbench.config import EvalConfig
 from posbench.data import TokenData, load_tokens
 from posbench.errors import PosbenchError
+from posbench.extension import columns as extension_columns
 from posbench.layout import run_prefix
 from posbench.positions import evaluation_draws, evaluation_positions
 from posbench.probes import PROBES, probe_name
@@ -86,12 +87,20 @@ def on_probe(run_dir: Path) -> bool:
 def variants_for(spec: RunSpec, cfg: EvalConfig, layout) -> list[Variant]:
     """The variants that apply to this run's schemes (others are skipped, not failed). RoPE
     scalings skip a run trained on randomized positions: it saw positions up to randomize_max,
-    so rescaling by L_eval / L_train would move its positions away from the trained ones."""
-    scalable = layout.scalable and not spec.train.randomize_positions
-    scalings = [RopeScaling(k, cfg.rope_scaling_factor, cfg.yarn_alpha, cfg.yarn_beta, cfg.llama3_low, cfg.llama3_high)
-                for k in cfg.rope_scaling] if scalable else [RopeScaling()]
+    so rescaling by L_eval / L_train would move its positions away from the trained ones; and a
+    child fine-tuned with a rescaling (posbench.extend), which is evaluated with its own alone."""
+    rescaled = spec.extension is not None and spec.extension.rescaling != "plain"
+    scalable = layout.scalable and not spec.train.randomize_positions and not rescaled
+    scalings = [scaling_of(k, cfg) for k in cfg.rope_scaling] if scalable else [RopeScaling()]
     extensions = [e for e in cfg.learned_extension if e == "none" or e in layout.extensions] or ["none"]
     return [Variant(s, e) for s in dict.fromkeys(scalings) for e in dict.fromkeys(extensions)]
+
+
+def scaling_of(kind: str, cfg: EvalConfig) -> RopeScaling:
+    """The eval-time scaling `kind` with the settings of `cfg`."""
+    return RopeScaling(kind, cfg.rope_scaling_factor, cfg.yarn_alpha, cfg.yarn_beta, cfg.llama3_low, cfg.llama3_high,
+                       group=cfg.self_extend_group, window=cfg.self_extend_window if kind == "self-extend" else cfg.rerope_window,
+                       leak=cfg.rerope_leak)
 
 
 def stride_for(cfg: EvalConfig, length: int) -> int:
@@ -176,8 +185,8 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
     stream = data.test
     base = {
         "run_id": spec.run_id, "task": task or spec.task, "scheme": spec.scheme,
-        "params": model.layout.describe(), "seed": spec.seed, "train_len": spec.train.train_len,
-        "mode": cfg.mode, "position_draws": evaluation_draws(spec.train, cfg.position_draws),
+        "params": model.layout.describe(), "seed": spec.seed, "train_len": spec.original_len,
+        "mode": cfg.mode, **extension_columns(spec.extension), "position_draws": evaluation_draws(spec.train, cfg.position_draws),
         **results.provenance(dev.type, spec.train.dtype, data.fingerprint),
     }
     draws = max(1, base["position_draws"])
@@ -186,7 +195,7 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
         model.layout.set_scaling(variant.scaling)
         model.layout.set_extension(variant.extension)
         for length in cfg.lengths:
-            row = {**base, "eval_len": length, "ratio": length / spec.train.train_len,
+            row = {**base, "eval_len": length, "ratio": length / spec.original_len,
                    "stride": stride_for(cfg, length), "scaling": variant.scaling_label, "extension": variant.extension,
                    "backend": model.layout.backends(dev, model.backend)}
             total = count = window_loss = 0
@@ -221,7 +230,7 @@ def loss_interval(loss: float, window_loss: list[float], block: int) -> dict:
 
 def window_rows(row: dict, starts: torch.Tensor, window_loss: torch.Tensor) -> list[dict]:
     keep = ("run_id", "task", "scheme", "params", "seed", "train_len", "eval_len", "mode", "stride",
-            "scaling", "extension", "position_draws", "corpus")
+            "scaling", "extension", "position_draws", "corpus", *extension_columns(None))
     base = {k: row[k] for k in keep}
     return [base | {"window": i, "start": int(s), "loss": float(v)}
             for i, (s, v) in enumerate(zip(starts.tolist(), window_loss.tolist()))]

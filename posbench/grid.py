@@ -1,4 +1,5 @@
-"""`posbench run TASK`: the whole grid in one command: train every scheme x seed, extrapolate,
+"""`posbench run TASK`: the whole grid in one command: train every scheme x seed, extend the
+task's [extend] schemes by fine-tuning (posbench.extend), extrapolate parents and children,
 train and score one model per probe x scheme x seed (the task's [probes]), time the kernels,
 write the report. Finished
 work (same resolved config, same run_id) is skipped, and `--shard I/N` runs a deterministic slice
@@ -136,8 +137,9 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
                     done["failed"].append(spec.run_id)
             bar.advance(overall)
         specs = [s for s in specs if s.run_id not in done["failed"]]
+        specs += run_extend(task, out, specs, device, resume, done, cache, log)
         for spec in specs:
-            if spec.data != task.data or spec.train != task.train or is_probe(spec.data):
+            if spec.extension is None and (spec.data != task.data or spec.train != task.train or is_probe(spec.data)):
                 bar.advance(overall)  # a probe's run: scored on its probe below
                 continue
             run_dir = out / spec.run_id
@@ -162,6 +164,23 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
         done["speed"] = run_speed_once(task, out, device, log)
     write_provenance(task, out, shard)
     return done
+
+
+def run_extend(task: Task, out: Path, specs: list[RunSpec], device: str, resume: bool, done: dict, cache: dict,
+               log) -> list[RunSpec]:
+    """The children of this shard's text runs of the task's [extend] schemes (finished ones
+    skipped); returns those that trained, to be evaluated with the others."""
+    from posbench import extend
+
+    methods = {layout.recorded(k): v for k, v in task.extend.methods.items()}
+    parents = [s for s in specs if s.data == task.data and s.train == task.train and s.scheme in methods]
+    if not parents:
+        return []
+    schemes = tuple(dict.fromkeys(s.scheme for s in parents))
+    children, failed = extend.extend(out, task.extend, lambda scheme: methods[scheme], schemes, device, resume,
+                                     log=log, data_cache=cache, only={s.run_id for s in parents})
+    done["failed"] += failed
+    return [c for c in children if c.run_id not in failed]
 
 
 def run_probes(task: Task, out: Path, specs: list[RunSpec], device: str, done: dict, log) -> None:

@@ -382,6 +382,13 @@ class ModelLayout(nn.Module):
             if hasattr(s, "set_scaling"):
                 s.set_scaling(scaling)
 
+    def set_trained_scaling(self, scaling) -> None:
+        """The rescaling a fine-tuned child trained with (posbench.extension): its schemes that take
+        a scaling apply it in training and whenever an evaluation asks for none."""
+        for s in self.schemes:
+            if hasattr(s, "set_trained_scaling"):
+                s.set_trained_scaling(scaling)
+
     def position_limit(self) -> int | None:
         limits = [s.position_limit() for s in self.schemes if s.position_limit() is not None]
         return min(limits) if limits else None

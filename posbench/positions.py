@@ -54,3 +54,16 @@ def evaluation_positions(t, length: int, draw: int) -> torch.Tensor | None:
     key = f"evaluation positions:{t.randomize_max}:{length}:{draw}".encode()
     seed = int.from_bytes(hashlib.sha256(key).digest()[:8], "little")
     return sorted_draw(t.randomize_max, length, torch.Generator().manual_seed(seed))
+
+
+def pose_positions(length: int, target: int, gen: torch.Generator) -> tuple[torch.Tensor, int]:
+    """PoSE's skip-wise positions (Zhu et al., ICLR 2024; dwzhu-pku/PoSE
+    `train_preprocess_function_pose`): a window of L_c = `length` tokens in two chunks whose
+    positions reach up to L_t - 1, L_t = `target`. l_0 ~ U{1..floor((L_c + 1)/2)}: chunk 0 holds
+    positions 0..l_0 - 1; u ~ U{0..L_t - L_c}: chunk 1 holds l_0 + u..L_c - 1 + u. Returns the
+    positions (L_c,) long and l_0."""
+    first = int(torch.randint(1, (length + 1) // 2 + 1, (1,), generator=gen))
+    skip = int(torch.randint(0, target - length + 1, (1,), generator=gen))
+    pos = torch.arange(length)
+    pos[first:] += skip
+    return pos, first

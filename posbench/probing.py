@@ -31,6 +31,7 @@ from posbench import results, stats
 from posbench.config import EvalConfig, ProbesConfig
 from posbench.data import probe_corpus
 from posbench.errors import PosbenchError, on_interrupt
+from posbench.extension import columns as extension_columns
 from posbench.evaluate import ATTN_BYTES, find_runs, variants_for
 from posbench.positions import evaluation_draws, evaluation_positions
 from posbench.probes import PROBES, Example, Probe, parse_probe, probe_name
@@ -108,7 +109,7 @@ def row_keys(spec: RunSpec, cfg: ProbesConfig, eval_cfg: EvalConfig, layout) -> 
     return {
         (spec.run_id, probe.name, str(n), probe.variant_label(v), s.scaling_label, s.extension)
         for s in variants_for(spec, eval_cfg, layout)
-        for n in lengths_for(cfg, spec.train.train_len) for v in probe.variants()
+        for n in lengths_for(cfg, spec.original_len) for v in probe.variants()
     }
 
 
@@ -120,14 +121,14 @@ def evaluate_run(run_dir: Path, cfg: ProbesConfig, eval_cfg: EvalConfig, device:
     probe = probe_of(spec)
     if probe is None:
         raise PosbenchError(f"run {spec.run_id} was trained on {spec.data.spec!r}, not on a probe's examples")
-    lengths = lengths_for(cfg, spec.train.train_len)
+    lengths = lengths_for(cfg, spec.original_len)
     variants = probe.variants()
     # Every prompt first: a length too short for the prompt fails before any model runs.
     cells = {(n, v): probe.prompts(n, v, cfg.trials, cfg.seed) for n in lengths for v in variants}
     base = {
         "run_id": spec.run_id, "task": task or spec.task, "probe": probe.name, "spec": spec.data.spec,
         "scheme": spec.scheme, "params": model.layout.describe(), "seed": spec.seed,
-        "train_len": spec.train.train_len, "chance": probe.chance,
+        "train_len": spec.original_len, "chance": probe.chance, **extension_columns(spec.extension),
         "position_draws": evaluation_draws(spec.train, eval_cfg.position_draws),
         **results.provenance(dev.type, spec.train.dtype, probe_corpus(spec.data)[1]),
     }
@@ -138,7 +139,7 @@ def evaluate_run(run_dir: Path, cfg: ProbesConfig, eval_cfg: EvalConfig, device:
         model.layout.set_extension(variant.extension)
         group = []
         for length in lengths:
-            common = {**base, "eval_len": length, "ratio": length / spec.train.train_len,
+            common = {**base, "eval_len": length, "ratio": length / spec.original_len,
                       "scaling": variant.scaling_label, "extension": variant.extension,
                       "backend": model.layout.backends(dev, model.backend)}
             labels = [probe.variant_label(v) for v in variants]

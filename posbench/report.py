@@ -27,12 +27,15 @@ def changed_params(scheme: str, params) -> str:
 
 
 def label(row) -> str:
-    """scheme with the parameters that differ from its defaults, plus the eval-time variant when
-    there is one: rope, rope(fraction=0.25), rope+yarn, learned+hierarchical."""
+    """scheme with the parameters that differ from its defaults, a fine-tuned child's method, target
+    length and budget (`>method@L':steps`), plus the eval-time variant when there is one: rope,
+    rope(fraction=0.25), rope>yarn@256:50, rope+yarn, learned+hierarchical."""
     out = row["scheme"]
     changed = changed_params(out, row.get("params"))
     if changed:
         out += f"({changed})"
+    if str(row.get("extend_method", "")) not in ("", "nan", "None"):
+        out += f">{row['extend_method']}@{int(float(row['extend_len']))}:{int(float(row['extend_steps']))}"
     if str(row.get("scaling", "none")) not in ("none", "", "nan"):
         out += f"+{row['scaling']}"
     if str(row.get("extension", "none")) not in ("none", "", "nan"):

@@ -35,20 +35,21 @@ TABLES: dict[str, dict[str, list[str]]] = {
                     "steps", "stopped_at", "tokens", "n_params", "final_train_loss", "final_val_loss", "final_val_accuracy",
                     "unigram_val_loss", "train_seconds", "tokens_per_second",
                     "model_flops_per_second", "mfu", "backend", "compile", "status",
-                    "message"] + PROVENANCE,
+                    "message", "parent_run", "extend_method", "extend_len", "extend_steps"] + PROVENANCE,
     },
     "extrapolation": {
         "key": ["run_id", "eval_len", "mode", "stride", "scaling", "extension"],
         "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "eval_len", "ratio",
                     "mode", "stride", "scaling", "extension", "position_draws", "tokens", "loss",
-                    "ppl", "loss_se", "ppl_lo", "ppl_hi", "backend", "status", "reason"] + PROVENANCE,
+                    "ppl", "loss_se", "ppl_lo", "ppl_hi", "backend", "status", "reason",
+                    "parent_run", "extend_method", "extend_len", "extend_steps"] + PROVENANCE,
     },
     # Each scored window's mean loss: what posbench.paired pairs between two models.
     "windows": {
         "key": ["run_id", "eval_len", "mode", "stride", "scaling", "extension", "window"],
         "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "eval_len", "mode",
                     "stride", "scaling", "extension", "position_draws", "corpus", "window", "start",
-                    "loss"],
+                    "loss", "parent_run", "extend_method", "extend_len", "extend_steps"],
     },
     "positions": {
         "key": ["run_id", "eval_len", "mode", "stride", "scaling", "extension", "bucket"],
@@ -61,7 +62,7 @@ TABLES: dict[str, dict[str, list[str]]] = {
                     "eval_len", "ratio", "variant", "trials", "position_draws", "answers", "hits",
                     "accuracy", "acc_lo", "acc_hi", "exact", "exact_match", "em_lo", "em_hi", "chance",
                     "scaling", "extension", "backend", "status",
-                    "reason"] + PROVENANCE,
+                    "reason", "parent_run", "extend_method", "extend_len", "extend_steps"] + PROVENANCE,
     },
     # Per run and protocol (perplexity: mode and stride; accuracy: the probe), the longest length
     # from the training length up whose value stays within `criterion` (posbench.effective).
@@ -69,7 +70,8 @@ TABLES: dict[str, dict[str, list[str]]] = {
         "key": ["run_id", "metric", "protocol", "scaling", "extension"],
         "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "metric", "protocol",
                     "scaling", "extension", "position_draws", "reference", "criterion", "max_len",
-                    "effective_len", "ratio", "status"] + PROVENANCE,
+                    "effective_len", "ratio", "status", "parent_run", "extend_method", "extend_len",
+                    "extend_steps"] + PROVENANCE,
     },
     "speed": {
         "key": ["scheme", "backend", "pass", "device", "device_name", "dtype", "batch", "heads",

@@ -22,6 +22,7 @@ from posbench import batches, flops, layout, results, trackers
 from posbench.config import TrainConfig, build, stable_hash
 from posbench.data import DataConfig, TokenData, is_probe, load_tokens, probe_corpus, unigram_loss
 from posbench.errors import PosbenchError, RunFailed, on_interrupt
+from posbench.extension import Extension, columns as extension_columns
 from posbench.model import ModelConfig, Transformer
 from posbench.schemes import Dims, get_scheme
 from posbench.schemes.base import Scheme, coerce_params, identity_params
@@ -39,6 +40,8 @@ class RunSpec:
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     task: str = "quick"  # recorded, not hashed
+    # A child fine-tuned from a parent run (posbench.extend); its `train` is the fine-tuning's.
+    extension: Extension | None = None
 
     def __post_init__(self):
         lay = layout.parse(self.scheme)
@@ -57,7 +60,12 @@ class RunSpec:
     def resolved_layout(self) -> layout.Layout | None:
         """The layout with every size resolved; None for a plain scheme."""
         lay = layout.parse(self.scheme)
-        return None if lay.plain() is not None else lay.resolve(self.train.train_len)
+        return None if lay.plain() is not None else lay.resolve(self.original_len)
+
+    @property
+    def original_len(self) -> int:
+        """The length the model's positions were trained at: a child's parent's (L of SCHEMES.md 27)."""
+        return self.extension.base_len if self.extension is not None else self.train.train_len
 
     def identity(self) -> dict[str, Any]:
         train = dataclasses.asdict(self.train)
@@ -67,6 +75,8 @@ class RunSpec:
             train.pop("randomize_max")
         if not self.train.stop_accuracy:  # added later: runs without it keep their run_ids
             train.pop("stop_accuracy")
+        if self.train.schedule == "cosine":  # likewise
+            train.pop("schedule")
         lay = self.resolved_layout()
         params = self.params if lay is not None else identity_params(get_scheme(self.scheme), self.params)
         out = {"scheme": self.scheme, "params": params, "seed": self.seed,
@@ -74,6 +84,8 @@ class RunSpec:
                "train": train}
         if lay is not None:  # a plain scheme's identity is what it was before layouts
             out["layout"] = str(lay)
+        if self.extension is not None:  # likewise a run trained from scratch
+            out["extension"] = self.extension.identity()
         return out
 
     @property
@@ -84,7 +96,8 @@ class RunSpec:
         identity = self.identity()
         identity.pop("layout", None)  # derived from scheme and train_len
         return {"run_id": self.run_id, "task": self.task, **identity,
-                "train": dataclasses.asdict(self.train)}
+                "train": dataclasses.asdict(self.train),
+                **({"extension": dataclasses.asdict(self.extension)} if self.extension is not None else {})}
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> RunSpec:
@@ -96,6 +109,7 @@ class RunSpec:
             data=build(DataConfig, raw["data"], "data"),
             model=build(ModelConfig, raw["model"], "model"),
             train=build(TrainConfig, raw["train"], "train"),
+            extension=Extension.from_json(raw["extension"]) if raw.get("extension") is not None else None,
         )
 
 
@@ -230,21 +244,35 @@ def build_model(spec: RunSpec, vocab_size: int) -> Transformer:
     t = spec.train
     dims = Dims(
         d_model=spec.model.d_model, n_heads=spec.model.n_heads, n_layers=spec.model.n_layers,
-        vocab_size=vocab_size, train_len=t.train_len,
-        max_position=t.randomize_max if t.randomize_positions else t.train_len,
+        vocab_size=vocab_size, train_len=spec.original_len,
+        max_position=t.randomize_max if t.randomize_positions else spec.original_len,
         params=spec.params,
     )
     model_layout = layout.build(spec.scheme, dims)
     if t.randomize_positions and not model_layout.takes_positions:
         raise PosbenchError(f"scheme {spec.scheme!r} takes no integer positions to randomize")
+    if spec.extension is not None:
+        model_layout.set_trained_scaling(spec.extension.scaling())
     cfg = dataclasses.replace(spec.model, vocab_size=vocab_size)
     return Transformer(cfg, model_layout)
 
 
+def load_parent(model: Transformer, spec: RunSpec, runs_dir: Path) -> None:
+    """A child starts from its parent's final weights (posbench.extend)."""
+    parent = runs_dir / spec.extension.parent
+    if not (parent / FINAL).exists():
+        raise PosbenchError(f"parent run {spec.extension.parent} of {spec.run_id} is missing or unfinished "
+                            f"(no {FINAL} in {parent}): train it to the end first")
+    tensors, _ = _read_safetensors(parent / FINAL)
+    model.load_state_dict(tensors)
+
+
 def lr_at(step: int, t: TrainConfig) -> float:
-    """Linear warm-up, then cosine decay to 10% of the peak."""
+    """Linear warm-up, then cosine decay to 10% of the peak (or, `constant`, the peak)."""
     if step < t.warmup:
         return t.lr * (step + 1) / t.warmup
+    if t.schedule == "constant":
+        return t.lr
     progress = (step - t.warmup) / max(1, t.steps - t.warmup)
     return t.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
@@ -460,6 +488,8 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
     source = batches.source_for(spec, data)
     vocab_size, fingerprint = (data.vocab_size, data.fingerprint) if data is not None else probe_corpus(spec.data)
     model = build_model(spec, vocab_size).to(dev)
+    if spec.extension is not None:
+        load_parent(model, spec, runs_dir)
     net = TrainingForward(ddp.wrap(model), t.compile, dev)
     opt = make_optimizer(model, t)
     gen = torch.Generator().manual_seed(spec.seed)
@@ -483,10 +513,10 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
     backend = model.layout.backends(dev)
     row_base = {
         "run_id": spec.run_id, "task": spec.task, "scheme": spec.scheme,
-        "params": model.layout.describe(), "seed": spec.seed, "train_len": t.train_len,
+        "params": model.layout.describe(), "seed": spec.seed, "train_len": spec.original_len,
         "randomized": t.randomize_positions, "steps": t.steps,
         "n_params": sum(p.numel() for p in model.parameters()), "backend": backend,
-        "compile": net.status,
+        "compile": net.status, **extension_columns(spec.extension),
         **results.provenance(dev.type, t.dtype, fingerprint),
     }
 

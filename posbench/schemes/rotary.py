@@ -20,14 +20,20 @@ from posbench.schemes.base import Scheme
 from posbench.schemes.registry import register
 from posbench.schemes.tables import GrowingTable
 
-SCALINGS = ("none", "pi", "ntk", "dynamic-ntk", "yarn", "llama3")
+# Eval-time policies, chosen with --rope-scaling. self-extend and rerope merge two logit maps
+# (SCHEMES.md 34-35): a RoPE layer under them takes the explicit attention path.
+TWO_MAPS = ("self-extend", "rerope")
+SCALINGS = ("none", "pi", "ntk", "dynamic-ntk", "yarn", "llama3", *TWO_MAPS)
+# longrope needs searched per-pair factors (posbench.extend): a fine-tuning method, not a flag value.
+KINDS = (*SCALINGS, "longrope")
 YARN_DEFAULTS = (1.0, 32.0)  # (alpha, beta)
 LLAMA3_DEFAULTS = (1.0, 4.0)  # (low, high): low_freq_factor, high_freq_factor of Llama 3.1
 
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """An eval-time context extension. factor 0 means s = L_eval / L_train (at least 1)."""
+    """An eval-time context extension, or the rescaling a child was fine-tuned with. factor 0
+    means s = L_eval / L_train (at least 1)."""
 
     kind: str = "none"
     factor: float = 0.0
@@ -35,13 +41,17 @@ class RopeScaling:
     beta: float = YARN_DEFAULTS[1]  # YaRN beta_fast: pairs with more rotations than this are kept
     low: float = LLAMA3_DEFAULTS[0]  # Llama 3: wavelengths above L_train / low are interpolated
     high: float = LLAMA3_DEFAULTS[1]  # Llama 3: wavelengths below L_train / high are kept
+    factors: tuple[float, ...] = ()  # LongRoPE: lambda_t per rotated pair, theta_t / lambda_t
+    group: int = 8  # Self-Extend: G, positions floor(p / G) beyond the window
+    window: int = 0  # Self-Extend W or ReRoPE w: exact RoPE below it; 0: train_len / 4
+    leak: float = 0.0  # ReRoPE: 0 clips at w; k >= 1: leaky, w + (i - j - w) / k
 
     def __post_init__(self):
-        if self.kind not in SCALINGS:
+        if self.kind not in KINDS:
             raise did_you_mean(self.kind, SCALINGS, "rope scaling")
 
     def scale(self, length: int, train_len: int) -> float:
-        if self.kind == "none":
+        if self.kind in ("none", *TWO_MAPS):
             return 1.0
         return self.factor if self.factor > 0 else max(1.0, length / train_len)
 
@@ -55,7 +65,16 @@ class RopeScaling:
             label += f"(alpha={self.alpha:g},beta={self.beta:g})"
         if self.kind == "llama3" and (self.low, self.high) != LLAMA3_DEFAULTS:
             label += f"(low={self.low:g},high={self.high:g})"
+        if self.kind in TWO_MAPS:
+            given = {"group": self.group if self.kind == "self-extend" and self.group != 8 else 0,
+                     "window": self.window, "leak": self.leak}
+            changed = ",".join(f"{k}={v:g}" for k, v in given.items() if v)
+            label = self.kind + (f"({changed})" if changed else "")
         return label
+
+    def neighbour_window(self, train_len: int) -> int:
+        """W (Self-Extend) or w (ReRoPE): relative positions below it keep plain RoPE."""
+        return self.window or max(1, train_len // 4)
 
 
 def yarn_ramp(dim: int, base: float, train_len: int, alpha: float, beta: float) -> torch.Tensor:
@@ -106,6 +125,10 @@ def rope_frequencies(
         f = scaling.factor if scaling.factor > 0 else 1.0
         ratio = f * max(length, train_len) / train_len - (f - 1)
         return ntk_base(base, ratio, dim) ** -exponent, 1.0
+    if kind == "longrope":
+        # transformers' `_compute_longrope_parameters`: 1 / (lambda_t base^(2t/d)), cos and sin times
+        # sqrt(1 + ln s / ln L); the factors apply at every position (no n^ of the paper)
+        return inv / torch.tensor(scaling.factors, dtype=torch.float64), math.sqrt(1 + math.log(s) / math.log(train_len))
     if kind in ("yarn", "llama3"):  # by parts: each pair between kept and divided by s
         if kind == "yarn":
             ramp, mscale = yarn_ramp(dim, base, train_len, scaling.alpha, scaling.beta), 0.1 * math.log(s) + 1.0
@@ -134,6 +157,18 @@ def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def self_extend_positions(pos: torch.Tensor, group: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Self-Extend's grouped map (Jin et al. 2024; LongLM `self_extend_forward`): query positions
+    floor(i / G) + W - W / G, key positions floor(j / G), so a grouped relative position is
+    floor(i / G) - floor(j / G) + W - W / G, which joins the neighbour map's W at i - j = W."""
+    return pos // group + window - window // group, pos // group
+
+
+def two_map_choice(pos: torch.Tensor, window: int) -> torch.Tensor:
+    """(T, T) True where query i reads key j through the neighbour map (plain RoPE): i - j < W."""
+    return (pos[:, None] - pos[None, :]) < window
+
+
 def share(fraction: float, n: int, name: str) -> int:
     """floor(p * n) for a fraction p in [0, 1], as GPT-NeoX (`int(head_size * rotary_pct)`) and
     the p-RoPE paper (`int(rope_percentage * head_dim // 2)`) round."""
@@ -149,7 +184,9 @@ class RoPE(Scheme):
     `fraction` p (GPT-NeoX `rotary_pct`, GPT-J `rotary_dim`): only the first r = floor(p * D) dims
     of each head rotate, with the spectrum of an r-dim head; the other D - r pass through.
     Eval-time scaling (`--rope-scaling`): pi, ntk, dynamic-ntk, yarn, llama3 (see
-    `rope_frequencies`), computed over the r rotated dims as transformers does. q, k (B, H, T, D)."""
+    `rope_frequencies`), computed over the r rotated dims as transformers does; self-extend and
+    rerope merge two logit maps (`logits`, the explicit path). A child fine-tuned with a rescaling
+    (pi, ntk, yarn, longrope: posbench.extend) keeps it as its `trained` scaling. q, k (B, H, T, D)."""
 
     name = "rope"
     family = "rotary"
@@ -166,6 +203,7 @@ class RoPE(Scheme):
         super().__init__(dims)
         self.rotary_dim = self._rotary_dim()
         self.scaling = RopeScaling()
+        self.trained = RopeScaling()  # the rescaling a fine-tuned child trained with (posbench.extend)
         self._tables: dict[tuple, GrowingTable] = {}
 
     def _rotary_dim(self) -> int:
@@ -179,7 +217,21 @@ class RoPE(Scheme):
         return r
 
     def set_scaling(self, scaling: RopeScaling) -> None:
-        self.scaling = scaling
+        """An eval-time scaling; "none" is the one the model trained with (a child's rescaling)."""
+        if scaling.kind == "longrope" and len(scaling.factors) != self.rotary_dim // 2:
+            raise PosbenchError(f"{self.name}: longrope needs {self.rotary_dim // 2} factors (one per rotated "
+                                f"pair), got {len(scaling.factors)}")
+        if scaling.kind == "self-extend" and scaling.neighbour_window(self.dims.train_len) % scaling.group:
+            raise PosbenchError(f"self-extend: the window {scaling.neighbour_window(self.dims.train_len)} must be "
+                                f"divisible by the group {scaling.group} (else positions are fractional)")
+        self.scaling = self.trained if scaling.kind == "none" else scaling
+        # The two-map policies read q and k unrotated and build the logits themselves.
+        self.hooks = ("logits",) if self.scaling.kind in TWO_MAPS else type(self).hooks
+
+    def set_trained_scaling(self, scaling: RopeScaling) -> None:
+        """The rescaling this model was fine-tuned with: applied in training and at evaluation."""
+        self.trained = scaling
+        self.set_scaling(scaling)
 
     def frequencies(self, length: int) -> tuple[torch.Tensor, float]:
         """Inverse frequencies (r/2,) float64 at this window length, and YaRN's attention factor."""
@@ -206,12 +258,37 @@ class RoPE(Scheme):
 
     def rotate(self, q, k, pos, ctx, layer):
         cos, sin = ctx
-        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+        return self.turn(q, cos, sin), self.turn(k, cos, sin)
+
+    def turn(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x (B, H, T, D) with its first r dims rotated by cos, sin (T, r/2)."""
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         r = self.rotary_dim
-        if r == q.shape[-1]:
-            return rotate_half(q, cos, sin), rotate_half(k, cos, sin)
-        return (torch.cat([rotate_half(q[..., :r], cos, sin), q[..., r:]], dim=-1),
-                torch.cat([rotate_half(k[..., :r], cos, sin), k[..., r:]], dim=-1))
+        if r == x.shape[-1]:
+            return rotate_half(x, cos, sin)
+        return torch.cat([rotate_half(x[..., :r], cos, sin), x[..., r:]], dim=-1)
+
+    def turn_at(self, x: torch.Tensor, pos: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
+        """x rotated at (possibly non-integer) positions pos (T,) with inverse frequencies inv."""
+        angle = pos.double()[:, None] * inv.to(pos.device)  # (T, r/2), float64 as the tables
+        return self.turn(x, angle.cos().float(), angle.sin().float())
+
+    def logits(self, q, k, pos, ctx, layer):
+        """Self-Extend or ReRoPE (SCHEMES.md 34-35): q, k (B, H, T, D) unrotated -> scores
+        (B, H, T, T), the neighbour map (plain RoPE) where i - j < W, the other map beyond."""
+        s = self.scaling
+        inv, _ = self.frequencies(int(pos.max()) + 1)
+        window = s.neighbour_window(self.dims.train_len)
+        near = self.turn_at(q, pos, inv) @ self.turn_at(k, pos, inv).transpose(-1, -2)
+        if s.kind == "self-extend":
+            qpos, kpos = self_extend_positions(pos, s.group, window)
+            far = self.turn_at(q, qpos, inv) @ self.turn_at(k, kpos, inv).transpose(-1, -2)
+        elif s.leak:  # leaky: frequencies / k, q at i + w(k - 1): relative w + (i - j - w) / k
+            slow = inv / s.leak
+            far = self.turn_at(q, pos + window * (s.leak - 1), slow) @ self.turn_at(k, pos, slow).transpose(-1, -2)
+        else:  # every relative position beyond w read as w: q rotated by w, k not at all
+            far = self.turn_at(q, torch.full_like(pos, window), inv) @ k.transpose(-1, -2)
+        return torch.where(two_map_choice(pos, window), near, far) * self.qk_scale
 
 
 @register
