@@ -86,13 +86,14 @@ TABLES: dict[str, dict[str, list[str]]] = {
 
 # Columns an older posbench did not write yet: a file may lack these (they read as empty), never
 # the others, without which its rows mean nothing (a merge of such a file would add junk rows).
+EXTENSION = {"parent_run", "extend_method", "extend_len", "extend_steps"}  # posbench.extension's columns
 ADDED_LATER: dict[str, set[str]] = {
-    "runs": {"model_flops_per_second", "mfu", "compile", "stopped_at", "final_val_accuracy"},
-    "extrapolation": {"position_draws", "loss_se", "ppl_lo", "ppl_hi"},
-    "windows": {"params", "position_draws"},
+    "runs": {"model_flops_per_second", "mfu", "compile", "stopped_at", "final_val_accuracy", *EXTENSION},
+    "extrapolation": {"position_draws", "loss_se", "ppl_lo", "ppl_hi", *EXTENSION},
+    "windows": {"params", "position_draws", *EXTENSION},
     "positions": {"train_len"},
-    "probes": {"acc_lo", "acc_hi", "answers", "exact", "exact_match", "em_lo", "em_hi", "chance"},
-    "effective_length": {"position_draws"},
+    "probes": {"acc_lo", "acc_hi", "answers", "exact", "exact_match", "em_lo", "em_hi", "chance", *EXTENSION},
+    "effective_length": {"position_draws", *EXTENSION},
     "speed": {"device_name"},
 }
 
@@ -100,7 +101,8 @@ ADDED_LATER: dict[str, set[str]] = {
 # empty cell is allowed (a failed run has no loss); nan and inf are numbers (a diverged loss).
 INTEGERS = {"seed", "train_len", "steps", "tokens", "n_params", "eval_len", "stride", "position_draws",
             "window", "start", "bucket", "position_start", "position_end", "trials", "hits", "max_len",
-            "effective_len", "batch", "heads", "head_dim", "seq_len", "stopped_at", "answers", "exact"}
+            "effective_len", "batch", "heads", "head_dim", "seq_len", "stopped_at", "answers", "exact", "extend_len",
+            "extend_steps"}
 NUMBERS = {"final_train_loss", "final_val_loss", "unigram_val_loss", "train_seconds", "tokens_per_second",
            "model_flops_per_second", "mfu", "ratio", "loss", "ppl", "loss_se", "ppl_lo", "ppl_hi",
            "accuracy", "acc_lo", "acc_hi", "reference", "criterion", "median_ms", "iqr_ms", "tflops",
