@@ -222,6 +222,7 @@ def extend(
     mutation: Optional[float] = typer.Option(None, help="longrope search: chance that a mutation redraws a factor"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     resume: bool = typer.Option(False, help="continue interrupted children from their checkpoints"),
+    tracker: Optional[str] = typer.Option(None, help=TRACKER_HELP),
 ) -> int:
     """Fine-tune every finished parent with each method into a child run that extends it to the
     target length, every method on the same tokens; evaluate children with `extrapolate`."""
@@ -237,8 +238,14 @@ def extend(
     for name in methods:  # an unknown method: one line before any work
         if name not in extending.METHODS:
             raise did_you_mean(name, extending.METHODS, "extension method")
+    if tracker is not None:
+        from posbench import trackers
+
+        config.replace(t.train, tracker=tracker)  # an unknown tracker: one line
+        trackers.require(tracker)
     children, failed = extending.extend(runs_dir, cfg, lambda scheme: methods, _scheme_names(scheme), device, resume,
-                                        progress=sys.stderr.isatty(), log=lambda m: console.print(f"[dim]{escape(m)}[/]"))
+                                        progress=sys.stderr.isatty(), log=lambda m: console.print(f"[dim]{escape(m)}[/]"),
+                                        tracker=tracker)
     rows = {r["run_id"]: r for r in results.read_rows(results.table_path(runs_dir, "runs"))}
     table = Table(title=f"children at {cfg.target_len} tokens")
     for col in ("run", "parent", "method", "steps", "tokens", "seconds", "val loss", "status"):

@@ -103,10 +103,12 @@ def plan(runs_dir: Path, cfg: ExtendConfig, methods_of, schemes: tuple[str, ...]
 
 def extend(runs_dir: Path | str, cfg: ExtendConfig, methods_of, schemes: tuple[str, ...] | None = None,
            device: str = "auto", resume: bool = False, progress: bool = False, log=print,
-           data_cache: dict | None = None, only: set[str] | None = None) -> tuple[list[RunSpec], list[str]]:
+           data_cache: dict | None = None, only: set[str] | None = None,
+           tracker: str | None = None) -> tuple[list[RunSpec], list[str]]:
     """Train every child of the finished parents in runs_dir (finished children are skipped);
     returns every child's spec and the run_ids whose training failed (NaN: recorded as failed, the
-    others go on)."""
+    others go on). `tracker` (posbench.trackers) replaces the one the children take from their
+    parents' settings; it is logistics and leaves run_ids alone."""
     runs_dir = Path(runs_dir)
     children = plan(runs_dir, cfg, methods_of, schemes, only)
     cache = {} if data_cache is None else data_cache
@@ -119,6 +121,8 @@ def extend(runs_dir: Path | str, cfg: ExtendConfig, methods_of, schemes: tuple[s
             cache[spec.data] = load_tokens(spec.data)
         if spec.extension.method == "longrope":
             spec = with_factors(spec, runs_dir, cache[spec.data], device, log)
+        if tracker is not None:
+            spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, tracker=tracker))
         log(f"extend {spec.extension.parent} with {spec.extension.method} to {cfg.target_len}: {spec.run_id}")
         try:
             train(spec, runs_dir, device=device, resume=resume, progress=progress, data=cache[spec.data])

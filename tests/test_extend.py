@@ -255,12 +255,25 @@ def test_extend_command_end_to_end(parent, corpus_dir, tmp_path, capsys):
     (["--method", "yarn", "--target-len", "16"], "must exceed the parent's training length 16"),
     (["--method", "pose+yarn", "--steps", "1", "--target-len", "24"], "not a whole number of steps"),
     (["--method", "yran"], "did you mean 'yarn'"),
+    (["--method", "plain", "--tracker", "tensorbord"], "did you mean 'tensorboard'"),
 ])
 def test_bad_extensions_are_one_line(parent, tmp_path, capsys, argv, message):
     runs, _ = parent
     assert main(["extend", "--runs-dir", str(runs), "--device", "cpu", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_children_log_to_the_tracker_asked_for(parent, tmp_path):
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    import shutil
+
+    runs = tmp_path / "runs"
+    shutil.copytree(parent[0], runs)
+    assert main(["extend", "--runs-dir", str(runs), "--device", "cpu", "--method", "plain", "--target-len", "32",
+                 "--steps", "1", "--tracker", "tensorboard"]) == 0
+    child = next(r for r in results.read_rows(runs / "runs.csv") if r["extend_method"] == "plain")
+    assert list((runs / "tensorboard" / "test" / child["run_id"]).glob("events.out.tfevents.*"))
 
 
 def test_non_rope_parents_take_plain_only(tiny_data, tmp_path, capsys):
