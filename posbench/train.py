@@ -573,7 +573,7 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
                     entry.update(source.validate(model, dev, autocast(dev, t.dtype)))
                 log.append(entry)
                 tracker.log(entry)
-                if ddp.any(learned(entry, t), dev):
+                if t.stop_accuracy and ddp.any(learned(entry, t), dev):  # no extra collective otherwise
                     stop_at = step
                 bar.update(task_id, completed=step, loss=entry["loss"],
                            tps=t.batch_size * t.train_len * step / max(seconds, 1e-9))
