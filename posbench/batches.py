@@ -126,6 +126,13 @@ def example_rows(examples, length: int) -> tuple[torch.Tensor, torch.Tensor, tor
     return rows[:, :-1], rows[:, 1:], mask
 
 
+def answer_verdicts(hit: torch.Tensor, examples) -> list[list[bool]]:
+    """Per example, whether each answer is right: `hit` (B, L) says whether the prediction at each
+    input position is the next token, so hit[:, p - 1] judges token p; an answer is right when all
+    its tokens are."""
+    return [[bool(hit[b, torch.tensor(a) - 1].all()) for a in e.answers] for b, e in enumerate(examples)]
+
+
 class ProbeExamples:
     """A probe's examples, one per row, lengths across the curriculum up to train_len."""
 
@@ -156,10 +163,9 @@ class ProbeExamples:
                                                        reduction="none").view(y.shape)
             loss += float((losses * mask).sum())
             scored += float(mask.sum())
-            hit = (logits.argmax(-1) == y).cpu()
-            for b, e in enumerate(chunk):
-                right += sum(bool(hit[b, torch.tensor(a) - 1].all()) for a in e.answers)
-                answers += len(e.answers)
+            judged = answer_verdicts((logits.argmax(-1) == y).cpu(), chunk)
+            right += sum(sum(v) for v in judged)
+            answers += sum(len(v) for v in judged)
         model.train()
         return {"val_loss": loss / max(scored, 1.0), "val_accuracy": right / max(answers, 1)}
 

@@ -97,7 +97,7 @@ class ProbesConfig:
     trials: int = 100  # prompts per (length, variant)
     seed: int = 0  # of the prompts: every scheme answers the same ones
     randomized: tuple[str, ...] = ()  # schemes also trained with randomized positions (Ruoss et al.)
-    # probe name -> [train] keys that differ for the runs on that probe's documents
+    # probe name -> [train] keys that differ for the runs on that probe's examples
     # ([probes.train.copy] train_len = 32): each probe learned at a size a tiny model can learn
     train: dict[str, dict[str, Any]] = field(default_factory=dict)
 

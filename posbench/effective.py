@@ -103,7 +103,7 @@ def _perplexity_row(g: list[dict], protocol: str, tolerance: float) -> dict:
 
 def accuracy_rows(rows: list[dict], threshold: float = THRESHOLD) -> list[dict]:
     """effective_length rows of probes.csv rows, one per run, probe and eval-time variant (scaling,
-    extension); hits and attempts are pooled over the probe's variants (e.g. key depths)."""
+    extension); right answers and answers are pooled over the probe's variants (e.g. key depths)."""
     groups = defaultdict(lambda: defaultdict(list))
     for r in rows:
         key = (r["run_id"], r["probe"], r["scaling"], r["extension"])

@@ -56,7 +56,7 @@ def array_shard(environ) -> tuple[int, int]:
 
 
 def grid(task: Task) -> list[RunSpec]:
-    """Every scheme x seed of the task on its data, then on every probe's documents with the
+    """Every scheme x seed of the task on its data, then on every probe's examples with the
     probe's training settings (the randomized schemes of [probes] once more with randomized
     positions), each run once, sorted by run_id (the order shards slice). A probe named as the
     task's data shares its runs."""

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from posbench import results, stats
+from posbench.batches import answer_verdicts
 from posbench.config import EvalConfig, ProbesConfig
 from posbench.data import probe_corpus
 from posbench.errors import PosbenchError, on_interrupt
@@ -68,7 +69,7 @@ def verdicts(model, prompts: list[Example], device, dtype: str = "float32",
         with autocast(device, dtype):
             guess = model(tokens, positions).argmax(-1)  # (B, L): guess[:, p] predicts tokens[:, p + 1]
         hit = (guess[:, :-1] == tokens[:, 1:]).cpu()  # (B, L - 1): hit[:, p - 1] judges token p
-        out += [[bool(hit[b, torch.tensor(a) - 1].all()) for a in p.answers] for b, p in enumerate(chunk)]
+        out += answer_verdicts(hit, chunk)
     return out
 
 

@@ -441,7 +441,7 @@ def write_report(directory: Path | str, tolerance: float | None = None, threshol
     md = ["# posbench report", ""]
     if not runs.empty:
         ok = runs[runs["status"] == "ok"]
-        # the probe documents a run was trained on, where probes.csv says (runs.csv does not)
+        # the probe a run was trained on, where probes.csv says (runs.csv does not)
         data = {r["run_id"]: r.get("spec", "") for r in probes}
         ok = ok.assign(label=[label(r) for r in ok.to_dict("records")],
                        data=[data.get(r, "") for r in ok["run_id"]]).sort_values(["data", "label", "seed"])
