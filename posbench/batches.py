@@ -134,11 +134,12 @@ def answer_verdicts(hit: torch.Tensor, examples) -> list[list[bool]]:
 
 
 class ProbeExamples:
-    """A probe's examples, one per row, lengths across the curriculum up to train_len."""
+    """A probe's examples, one per row, lengths across the curriculum up to train_len; with a
+    `target` (a PoSE child, posbench.extend), read at PoSE's skip-wise positions up to it."""
 
-    def __init__(self, probe: Probe, t):
+    def __init__(self, probe: Probe, t, target: int | None = None):
         probe.training_example(random.Random(0), t.train_len)  # a train_len too short fails here
-        self.probe, self.t = probe, t
+        self.probe, self.t, self.target = probe, t, target
         rng = random.Random(f"{probe.name}:valid")
         self.valid = [probe.example(rng, t.train_len) for _ in range(VALID_EXAMPLES)]
 
@@ -147,7 +148,8 @@ class ProbeExamples:
         seeds = torch.randint(0, 2**62, (t.batch_size,), generator=gen).tolist()
         examples = [self.probe.training_example(random.Random(s), t.train_len) for s in seeds]
         x, y, mask = example_rows(examples, t.train_len)
-        return Batch(x, y, mask * (len(examples) / mask.sum()), training_positions(t, gen))
+        pos = pose_positions(t.train_len, self.target, gen)[0] if self.target else training_positions(t, gen)
+        return Batch(x, y, mask * (len(examples) / mask.sum()), pos)
 
     @torch.no_grad()
     def validate(self, model, device, autocast, batch: int = 64) -> dict[str, float]:
@@ -174,8 +176,9 @@ def source_for(spec, data):
     """The batch source of a run: its probe's examples, or windows of its token data."""
     from posbench.probes import PROBES, parse_probe, probe_name
 
+    pose = spec.extension.target_len if spec.extension is not None and spec.extension.pose else None
     if probe_name(spec.data.spec) in PROBES:
-        return ProbeExamples(parse_probe(spec.data.spec), spec.train)
-    if spec.extension is not None and spec.extension.pose:
-        return PoseWindows(data.train, data.valid, spec.train, spec.extension.target_len)
+        return ProbeExamples(parse_probe(spec.data.spec), spec.train, pose)
+    if pose:
+        return PoseWindows(data.train, data.valid, spec.train, pose)
     return LMWindows(data.train, data.valid, spec.train)

@@ -9,11 +9,14 @@ trains under its rescaling, checkpoints, resumes and records NaN as any run does
 Equal budgets: a budget of S steps is S x B rows of L' tokens (B the parent's batch size); `pose`
 methods spend the same tokens in rows of the parent's length L, in S L'/L steps of B rows.
 
-`longrope` searches its factors first (`search_factors`), on the parent's validation split at L'.
+`longrope` searches its factors first (`search_factors`), on the parent's validation split at L'
+(a probe's run: its held-out examples of L' tokens). A probe's run extends on its own examples, of
+lengths up to L', and is scored by `posbench probe`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -22,12 +25,12 @@ from pathlib import Path
 
 import torch
 
-from posbench import layout, results
+from posbench import batches, layout, results
 from posbench.config import ExtendConfig
-from posbench.data import TokenData, load_tokens
+from posbench.data import TokenData, is_probe, load_tokens
 from posbench.errors import PosbenchError, RunFailed
-from posbench.evaluate import on_probe
 from posbench.extension import METHODS, Extension, check_pairing
+from posbench.probes import parse_probe
 from posbench.schemes.rotary import RopeScaling, yarn_ramp
 from posbench.train import FINAL, RunSpec, load_trained, resolve_device, train
 
@@ -49,8 +52,9 @@ def child_spec(parent: RunSpec, method: str, steps: int, cfg: ExtendConfig) -> R
         settings = {"alpha": cfg.yarn_alpha, "beta": cfg.yarn_beta}
     if method == "longrope":
         settings = {k: getattr(cfg, k) for k in SEARCH}
+    # A child spends its whole budget: a parent's early stop at a target accuracy is not inherited
     t = dataclasses.replace(parent.train, train_len=row_len, steps=ext_steps, lr=cfg.lr, warmup=cfg.warmup,
-                            schedule=cfg.schedule)
+                            schedule=cfg.schedule, stop_accuracy=0.0)
     ext = Extension(parent=parent.run_id, method=method, base_len=base, target_len=target, steps=steps,
                     settings=settings)
     return RunSpec(scheme=parent.scheme, params=parent.params, seed=parent.seed, data=parent.data,
@@ -58,8 +62,8 @@ def child_spec(parent: RunSpec, method: str, steps: int, cfg: ExtendConfig) -> R
 
 
 def parent_runs(runs_dir: Path, schemes: tuple[str, ...] | None) -> list[Path]:
-    """Finished runs of `schemes` (all: None) trained from scratch on text; one line when a named
-    scheme has none, saying when its run is unfinished."""
+    """Finished runs of `schemes` (all: None) trained from scratch, on text or on a probe's
+    examples; one line when a named scheme has none, saying when its run is unfinished."""
     if not runs_dir.is_dir():
         raise PosbenchError(f"runs directory {str(runs_dir)!r} does not exist; train a parent first")
     found = []
@@ -69,7 +73,7 @@ def parent_runs(runs_dir: Path, schemes: tuple[str, ...] | None) -> list[Path]:
         except (OSError, ValueError):
             continue  # a damaged run fails with its own message where it is loaded
         named = not schemes or layout.run_prefix(str(raw.get("scheme"))) in {layout.run_prefix(s) for s in schemes}
-        if raw.get("extension") or on_probe(config.parent) or not named:
+        if raw.get("extension") or not named:
             continue
         found.append((config.parent, raw.get("scheme"), (config.parent / FINAL).exists()))
     for name in schemes or ():
@@ -117,8 +121,8 @@ def extend(runs_dir: Path | str, cfg: ExtendConfig, methods_of, schemes: tuple[s
         if finished(runs_dir, spec):
             log(f"{spec.run_id}: already fine-tuned, skipped")
             continue
-        if spec.data not in cache:
-            cache[spec.data] = load_tokens(spec.data)
+        if spec.data not in cache:  # a probe's examples need no corpus
+            cache[spec.data] = None if is_probe(spec.data) else load_tokens(spec.data)
         if spec.extension.method == "longrope":
             spec = with_factors(spec, runs_dir, cache[spec.data], device, log)
         if tracker is not None:
@@ -141,7 +145,7 @@ def finished(runs_dir: Path, spec: RunSpec) -> bool:
 # --- LongRoPE's search --------------------------------------------------------------------------
 
 
-def with_factors(spec: RunSpec, runs_dir: Path, data: TokenData, device: str, log) -> RunSpec:
+def with_factors(spec: RunSpec, runs_dir: Path, data: TokenData | None, device: str, log) -> RunSpec:
     """The child with its searched factors: those its config.json holds when it already started
     (a resumed child keeps them), else a new search, recorded in search.json beside it."""
     run_dir = runs_dir / spec.run_id
@@ -153,7 +157,7 @@ def with_factors(spec: RunSpec, runs_dir: Path, data: TokenData, device: str, lo
         dev = resolve_device(device)
         _, model, _ = load_trained(runs_dir / spec.extension.parent, dev)
         log(f"longrope: searching factors for {spec.extension.parent} at {spec.extension.target_len}")
-        found = search_factors(model, data.valid, spec.extension, spec.seed, dev)
+        found = search_factors(model, target_loss(model, spec, data, dev), spec.extension, spec.seed)
         factors = found["factors"]
         results.write_atomic(run_dir / "search.json", json.dumps(found, indent=1) + "\n")
     return dataclasses.replace(spec, extension=dataclasses.replace(spec.extension, factors=tuple(factors)))
@@ -227,28 +231,40 @@ class Search:
                 "seed_losses": {k: self.score(self.grid(f)) for k, f in seeds.items()}, "settings": self.p}
 
 
+def target_loss(model, spec: RunSpec, data: TokenData | None, device):
+    """The search's fitness data: a function of no arguments giving the parent's mean loss at L'
+    under the scaling set at the time, on `search_windows` validation windows of text or, for a
+    probe's run, on the answer tokens of its held-out examples of L' tokens."""
+    ext = spec.extension
+    n, length = ext.settings["search_windows"], ext.target_len
+    if data is None:
+        source = batches.ProbeExamples(parse_probe(spec.data.spec), dataclasses.replace(spec.train, train_len=length))
+        return lambda: source.validate(model, device, contextlib.nullcontext())["val_loss"]
+    valid = data.valid
+    if len(valid) < n * length + 1:
+        raise PosbenchError(f"the validation split ({len(valid)} tokens) is shorter than {n} windows of {length}")
+    rows = torch.arange(n)[:, None] * length + torch.arange(length + 1)
+    chunk = valid[rows].to(device)  # (n, L' + 1)
+    return lambda: float(model.token_losses(chunk[:, :-1], chunk[:, 1:]).mean())
+
+
 @torch.inference_mode()
-def search_factors(model, valid: torch.Tensor, ext: Extension, seed: int, device) -> dict:
+def search_factors(model, loss, ext: Extension, seed: int) -> dict:
     """LongRoPE factors for the parent `model` at ext.target_len (Search), with the best loss, the
-    seeds' losses and the number of evaluations."""
+    seeds' losses and the number of evaluations; `loss()` scores the scaling set (target_loss)."""
     rotary = [s for s in model.layout.schemes if hasattr(s, "set_scaling")]
     widths = {s.rotary_dim // 2 for s in rotary}
     if len(widths) != 1:
         raise PosbenchError(f"longrope needs one rotary width across the layout, got {sorted(widths)} pairs")
     pairs = widths.pop()
-    n, length = ext.settings["search_windows"], ext.target_len
-    if len(valid) < n * length + 1:
-        raise PosbenchError(f"the validation split ({len(valid)} tokens) is shorter than {n} windows of {length}")
-    rows = torch.arange(n)[:, None] * length + torch.arange(length + 1)
-    chunk = valid[rows].to(device)  # (n, L' + 1)
 
     def fitness(factors: tuple[float, ...]) -> float:
         model.layout.set_scaling(RopeScaling("longrope", ext.factor, factors=factors))
-        return float(model.token_losses(chunk[:, :-1], chunk[:, 1:]).mean())
+        return loss()
 
     seeds = seed_factors(pairs, rotary[0].p["base"], ext.base_len, ext.factor)
     found = Search(fitness, pairs, ext.factor, ext.settings, seed).run(seeds)
     model.layout.set_scaling(RopeScaling())
     if not math.isfinite(found["loss"]):
-        raise PosbenchError(f"longrope search found no finite loss at {length} for {ext.parent}")
+        raise PosbenchError(f"longrope search found no finite loss at {ext.target_len} for {ext.parent}")
     return found

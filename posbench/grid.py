@@ -139,8 +139,8 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
         specs = [s for s in specs if s.run_id not in done["failed"]]
         specs += run_extend(task, out, specs, device, resume, done, cache, log)
         for spec in specs:
-            if spec.extension is None and (spec.data != task.data or spec.train != task.train or is_probe(spec.data)):
-                bar.advance(overall)  # a probe's run: scored on its probe below
+            if is_probe(spec.data) or (spec.extension is None and (spec.data != task.data or spec.train != task.train)):
+                bar.advance(overall)  # a probe's run (or its child): scored on its probe below
                 continue
             run_dir = out / spec.run_id
             _, model, _ = load_trained(run_dir)

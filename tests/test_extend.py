@@ -3,6 +3,7 @@ positions, Self-Extend's and ReRoPE's logit maps against hand-computed relative 
 budgets, children as runs (resume, missing parents, bad pairings) and the commands end to end."""
 
 import dataclasses
+import json
 import math
 
 import pytest
@@ -303,3 +304,71 @@ def test_run_extends_after_training(corpus_dir, tmp_path):
     assert {r["extend_method"] for r in ext} == {"", "plain", "pose+yarn"}
     again = run_task(task, tmp_path / "out", device="cpu", speed=False)
     assert again["evaluated"] == 0 and again["skipped_eval"] == 3
+
+
+PROBE_TASK = """
+version = 1
+name = "tinypasskey"
+schemes = ["rope"]
+[data]
+spec = "passkey"
+[model]
+d_model = 16
+n_layers = 1
+n_heads = 2
+[train]
+train_len = 32
+steps = 2
+batch_size = 2
+warmup = 1
+eval_interval = 2
+stop_accuracy = 0.5
+[extend]
+target_len = 64
+steps = [2]
+lr = 1e-3
+warmup = 1
+population = 4
+parents = 2
+iterations = 1
+[extend.methods]
+rope = ["plain", "yarn", "longrope", "pose+yarn"]
+[probes]
+names = ["passkey"]
+lengths = [32, 64]
+trials = 2
+"""
+
+
+def test_a_probe_parent_extends_on_its_examples_and_its_children_are_probed(tmp_path):
+    from posbench.grid import run_task
+
+    path = tmp_path / "tinypasskey.toml"
+    path.write_text(PROBE_TASK)
+    done = run_task(config.load_task(str(path)), tmp_path / "out", device="cpu", speed=False)
+    assert done["trained"] == 1 and done["evaluated"] == 0 and done["probes"] == 5 and not done["failed"]
+    runs = {r["extend_method"]: r for r in results.read_rows(tmp_path / "out" / "runs.csv")}
+    assert set(runs) == {"", "plain", "yarn", "longrope", "pose+yarn"}
+    child = load_trained(tmp_path / "out" / runs["yarn"]["run_id"])[0]
+    assert child.train.train_len == 64 and child.train.stop_accuracy == 0.0  # no early stop: the whole budget
+    pose = load_trained(tmp_path / "out" / runs["pose+yarn"]["run_id"])[0]
+    assert pose.train.train_len == 32 and pose.train.steps == 4
+    assert {r["tokens"] for m, r in runs.items() if m} == {str(2 * 2 * 64)}
+    rows = results.read_rows(tmp_path / "out" / "probes.csv")
+    assert {(r["extend_method"], r["eval_len"]) for r in rows} == {(m, n) for m in runs for n in ("32", "64")}
+    assert {r["train_len"] for r in rows} == {"32"} and not (tmp_path / "out" / "extrapolation.csv").exists()
+    search = json.loads((tmp_path / "out" / runs["longrope"]["run_id"] / "search.json").read_text())
+    assert search["evaluations"] >= 4 and math.isfinite(search["loss"])  # scored on passkey examples of 64
+
+
+def test_probe_examples_take_pose_positions_up_to_the_target():
+    from posbench.batches import ProbeExamples
+    from posbench.probes import parse_probe
+
+    source = ProbeExamples(parse_probe("passkey"), dataclasses.replace(TINY_TRAIN, train_len=32, batch_size=4), 128)
+    seen = set()
+    for _ in range(20):
+        pos = source.sample(torch.Generator().manual_seed(len(seen))).positions
+        assert pos[0] == 0 and pos.shape == (32,) and bool((pos.diff() > 0).all()) and int(pos[-1]) < 128
+        seen.add(int(pos[-1]))
+    assert max(seen) > 64

@@ -192,7 +192,7 @@ def test_bad_specs_are_one_clear_error(spec, message):
 
 
 def test_too_short_length_is_one_clear_error():
-    with pytest.raises(PosbenchError, match="passkey length 16 is too short: an example needs at least 23 tokens"):
+    with pytest.raises(PosbenchError, match="passkey length 16 is too short: an example needs at least 27 tokens"):
         prompts("passkey", 16)
     with pytest.raises(PosbenchError, match="multikey examples need at least 36 tokens; train_len is 32"):
         parse_probe("multikey").training_example(random.Random(0), 32)

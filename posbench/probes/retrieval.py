@@ -56,8 +56,9 @@ class NumberAnswers(Probe):
 @register
 class Passkey(NumberAnswers):
     name = "passkey"
-    summary = ("a random `digits`-digit key in a key sentence at a depth of the haystack, asked for at "
-               "the end; longer examples hold more haystack; scored at depths 0, 0.25, 0.5, 0.75, 1")
+    summary = ("a random `digits`-digit key in a key sentence at a depth of the haystack (after a short "
+               "instruction), asked for at the end; longer examples hold more haystack; scored at depths "
+               "0, 0.25, 0.5, 0.75, 1")
     reference = "Mohtashami & Jaggi 2023 (landmark attention); the test of the PI and YaRN papers"
     options = {"digits": 5}
     variant_name = "depth"
@@ -68,7 +69,10 @@ class Passkey(NumberAnswers):
     def instance(self, rng, size, depth):
         key = number(rng, self.digits)
         depth = rng.random() if depth is None else depth
-        return [Fill(depth), Text(("pass", "key", "is", *key, ".", "remember", "it", ".")), Fill(1.0 - depth),
+        # The reference's prompt opens with an instruction before the haystack, so a needle at depth
+        # 0 is not the first token (which every causal model reads alone, an attention sink)
+        return [Text(("remember", "the", "key", ".")), Fill(depth),
+                Text(("pass", "key", "is", *key, ".", "remember", "it", ".")), Fill(1.0 - depth),
                 Text(("what", "is", "the", "pass", "key", "?")), Answer(key)]
 
 
