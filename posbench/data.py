@@ -60,7 +60,7 @@ def is_probe(cfg: DataConfig) -> bool:
 def probe_corpus(cfg: DataConfig) -> tuple[int, str]:
     """A probe run's vocabulary size and fingerprint (of the vocabulary and the probe's settings)."""
     probe = parse_probe(cfg.spec)
-    key = f"{TOKENIZER.name}|{' '.join(SYMBOLS)}|{probe.name}:{probe.settings()}"
+    key = f"{TOKENIZER.name}|{' '.join(SYMBOLS)}|{probe.name}:{probe.settings()}|r{probe.revision}"
     return TOKENIZER.vocab_size, f"{TOKENIZER.name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 

@@ -111,6 +111,7 @@ class Probe:
     grows: ClassVar[str] = "filler"
     sized: ClassVar[bool] = False  # the instance grows with the length (`size`)
     variant_name: ClassVar[str] = ""  # what variants vary (passkey: depth); "" for none
+    revision: ClassVar[int] = 1  # raised when the generator changes, so rows' fingerprints tell them apart
 
     def __init__(self, **values: Any):
         self.opts = {**self.options, **values}

@@ -62,6 +62,7 @@ class Passkey(NumberAnswers):
     reference = "Mohtashami & Jaggi 2023 (landmark attention); the test of the PI and YaRN papers"
     options = {"digits": 5}
     variant_name = "depth"
+    revision = 2  # 2: the instruction before the haystack
 
     def variants(self) -> tuple[float, ...]:
         return (0.0, 0.25, 0.5, 0.75, 1.0)
