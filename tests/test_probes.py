@@ -185,6 +185,7 @@ def test_options_and_canonical_settings():
     ("mqar:keys=99", "at most 64 keys"),
     ("multikey:keys=99", "keys must be at most 64"),
     ("multiquery:queries=5", "queries <= keys"),
+    ("multivalue:digits=-1", "digits must be in 0..18"),
 ])
 def test_bad_specs_are_one_clear_error(spec, message):
     with pytest.raises(PosbenchError, match=re.escape(message)):
@@ -195,7 +196,9 @@ def test_too_short_length_is_one_clear_error():
     with pytest.raises(PosbenchError, match="passkey length 16 is too short: an example needs at least 27 tokens"):
         prompts("passkey", 16)
     with pytest.raises(PosbenchError, match="multikey examples need at least 36 tokens; train_len is 32"):
-        parse_probe("multikey").training_example(random.Random(0), 32)
+        parse_probe("multikey:digits=4").training_example(random.Random(0), 32)
+    with pytest.raises(PosbenchError, match="multikey examples need at least 21 tokens; train_len is 16"):
+        parse_probe("multikey").training_example(random.Random(0), 16)
 
 
 # --- batches: whole examples, the loss on answers only ----------------------------------------
@@ -481,7 +484,7 @@ def test_probe_list(capsys):
     (["probe", "--probe", "copy", "--lengths", "12,x"], "bad lengths"),
     (["probe", "--probe", "copy", "--runs-dir", "/nonexistent/runs"], "does not exist"),
     (["train", "--scheme", "rope", "--data", "mqar:spacing=1"], "spacing must be at least 4"),
-    (["train", "--scheme", "rope", "--data", "multikey", "--train-len", "16"], "need at least 36 tokens"),
+    (["train", "--scheme", "rope", "--data", "multikey", "--train-len", "16"], "need at least 21 tokens"),
 ])
 def test_bad_probe_input_is_one_line_and_exit_2(args, message, capsys):
     assert main(args) == 2
@@ -548,3 +551,17 @@ def test_bad_per_probe_settings_are_one_clear_error(tmp_path, extra, message):
     path.write_text(PER_PROBE.replace("[probes.train.copy]\ntrain_len = 32\nsteps = 300\n", extra))
     with pytest.raises(PosbenchError, match=re.escape(message)):
         config.load_task(str(path))
+
+
+@pytest.mark.parametrize("name", ["multikey", "multivalue", "multiquery"])
+def test_needle_values_are_one_symbol_unless_digits_are_asked(name):
+    """Each answer of RULER's needle probes is one value symbol by default (chance 1/64), a
+    number of `digits` digits on request (chance 10^-digits); the solver reads both."""
+    for spec, width, chance in ((name, 1, 1 / 64), (f"{name}:digits=3", 3, 1e-3)):
+        probe = parse_probe(spec)
+        e = probe.example(random.Random(3), 64)
+        assert {len(a) for a in e.answers} == {width} and probe.chance == pytest.approx(chance)
+        assert [" ".join(symbols([e.tokens[p] for p in a])).replace(" ", "") for a in e.answers] == solve(name, e)
+    if name == "multivalue":  # the values of one key differ
+        e = parse_probe(name).example(random.Random(4), 64)
+        assert len({e.tokens[a[0]] for a in e.answers}) == 4

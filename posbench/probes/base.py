@@ -111,6 +111,7 @@ class Probe:
     grows: ClassVar[str] = "filler"
     sized: ClassVar[bool] = False  # the instance grows with the length (`size`)
     variant_name: ClassVar[str] = ""  # what variants vary (passkey: depth); "" for none
+    least_digits: ClassVar[int] = 1  # the smallest `digits` option (0: a value symbol, see retrieval)
     revision: ClassVar[int] = 1  # raised when the generator changes, so rows' fingerprints tell them apart
 
     def __init__(self, **values: Any):
@@ -148,10 +149,10 @@ class Probe:
 
     def check(self) -> None:
         """Range checks of the options (subclasses add their own)."""
-        if "digits" in self.opts and not 1 <= self.digits <= 18:
-            raise PosbenchError(f"{self.name} digits must be in 1..18, got {self.digits}")
+        if "digits" in self.opts and not self.least_digits <= self.digits <= 18:
+            raise PosbenchError(f"{self.name} digits must be in {self.least_digits}..18, got {self.digits}")
         for key, value in self.opts.items():
-            if value < 1:
+            if value < 1 and key != "digits":
                 raise PosbenchError(f"{self.name} {key} must be at least 1, got {value}")
 
     def settings(self) -> str:

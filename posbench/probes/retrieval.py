@@ -77,13 +77,33 @@ class Passkey(NumberAnswers):
                 Text(("what", "is", "the", "pass", "key", "?")), Answer(key)]
 
 
+class NeedleValues(NumberAnswers):
+    """RULER's needle probes, whose values are one value symbol each by default (`digits` 0), as
+    MQAR's: a tiny model copies a one-token value once it finds its needle, where with several
+    needles of several digits each a digit of the answer recurs in other needles and the copy of
+    the next digit is ambiguous (multikey with 4-digit values: 1.5% per answer after 8,000 steps
+    of rope). `digits=N`: N-digit numbers, as RULER."""
+
+    least_digits = 0
+    revision = 2  # 2: value symbols by default
+
+    @property
+    def chance(self) -> float:
+        return 1 / N_VALUES if self.digits == 0 else 10.0 ** -self.digits
+
+    def draw_values(self, rng: random.Random, n: int) -> list[tuple[str, ...]]:
+        if self.digits == 0:
+            return [(v,) for v in rng.sample(VALUES, n)]
+        return [number(rng, self.digits) for _ in range(n)]
+
+
 @register
-class MultiKey(NumberAnswers):
+class MultiKey(NeedleValues):
     name = "multikey"
-    summary = ("`keys` needles 'KEY is N .' with distinct keys; the question asks for one of them "
-               "(RULER niah_multikey_1: 4 keys; here `digits`-digit values)")
+    summary = ("`keys` needles 'KEY is V .' with distinct keys; the question asks for one of them "
+               "(RULER niah_multikey_1: 4 keys); V one value symbol, or a `digits`-digit number")
     reference = "Hsieh et al. 2024, RULER (NVIDIA/RULER, scripts/synthetic.yaml, niah_multikey_1)"
-    options = {"keys": 4, "digits": 4}
+    options = {"keys": 4, "digits": 0}
 
     def check(self) -> None:
         super().check()
@@ -92,34 +112,34 @@ class MultiKey(NumberAnswers):
 
     def instance(self, rng, size, variant):
         keys = rng.sample(KEYS, self.keys)
-        values = [number(rng, self.digits) for _ in keys]
+        values = self.draw_values(rng, self.keys)
         asked = rng.randrange(self.keys)
         return haystack(rng, [needle(k, v) for k, v in zip(keys, values)]) + [
             Text(("what", "is", keys[asked], "?")), Answer(values[asked])]
 
 
 @register
-class MultiValue(NumberAnswers):
+class MultiValue(NeedleValues):
     name = "multivalue"
     summary = ("one key with `values` needles of different values; every value is asked for, in the "
                "order of the text, each its own verdict (RULER niah_multivalue: 4 values)")
     reference = "Hsieh et al. 2024, RULER (NVIDIA/RULER, scripts/synthetic.yaml, niah_multivalue)"
-    options = {"values": 4, "digits": 3}
+    options = {"values": 4, "digits": 0}
 
     def instance(self, rng, size, variant):
         key = rng.choice(KEYS)
-        values = [number(rng, self.digits) for _ in range(self.values)]
+        values = self.draw_values(rng, self.values)
         return haystack(rng, [needle(key, v) for v in values]) + [
             Text(("what", "are", key, "?")), *listed(values)]
 
 
 @register
-class MultiQuery(NumberAnswers):
+class MultiQuery(NeedleValues):
     name = "multiquery"
     summary = ("`keys` needles with distinct keys; `queries` of them are asked for in one question, "
                "answered in the order asked, each its own verdict (RULER niah_multiquery: 4 keys, 4 queries)")
     reference = "Hsieh et al. 2024, RULER (NVIDIA/RULER, scripts/synthetic.yaml, niah_multiquery)"
-    options = {"keys": 4, "queries": 2, "digits": 3}
+    options = {"keys": 4, "queries": 2, "digits": 0}
 
     def check(self) -> None:
         super().check()
@@ -128,7 +148,7 @@ class MultiQuery(NumberAnswers):
 
     def instance(self, rng, size, variant):
         keys = rng.sample(KEYS, self.keys)
-        values = dict(zip(keys, (number(rng, self.digits) for _ in keys)))
+        values = dict(zip(keys, self.draw_values(rng, self.keys)))
         asked = rng.sample(keys, self.queries)
         question = [s for i, k in enumerate(asked) for s in ((",", k) if i else (k,))]
         return haystack(rng, [needle(k, v) for k, v in values.items()]) + [
