@@ -463,18 +463,20 @@ def tasks(validate: bool = typer.Option(False, "--validate", help="load every ta
     table = Table(title="posbench tasks", caption="./tasks/ wins over a shipped task of the same name")
     for col in ("name", "version", "schemes", "seeds", "train_len", "eval lengths", "data", "file", "status"):
         table.add_column(col, overflow="fold")
-    bad = 0
+    bad = []
     for name, path in sorted(config.task_files().items()):
         where = _shown_path(path)
         try:
             t = config.load_task(str(path))
         except PosbenchError as e:
-            bad += 1
-            table.add_row(name, "", "", "", "", "", "", where, f"[red]{escape(str(e))}[/]")
+            bad.append(f"{where}: {e}")
+            table.add_row(name, "", "", "", "", "", "", where, "[red]error (below)[/]")
             continue
         table.add_row(name, str(t.version), ",".join(t.schemes), ",".join(map(str, t.seeds)),
                       str(t.train.train_len), ",".join(map(str, t.eval.lengths)), t.data.spec, where, "ok")
     console.print(table)
+    for line in bad:  # whole lines, whatever the terminal's width
+        console.print(f"[red]{escape(line)}[/]", soft_wrap=True)
     return 1 if validate and bad else 0
 
 
