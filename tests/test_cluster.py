@@ -319,3 +319,22 @@ def test_shards_stopped_by_time_limit_and_preemption_are_requeued_and_resume(slu
     assert "DUE TO JOB REQUEUE" in logs["2"] and "SIGTERM: finishing this step" in logs["2"]
     assert all("interrupted at step" in log and ", restart 1" in log for log in logs.values())
     assert_same(out, one_process)
+
+
+def test_wait_drains_a_task_requeued_after_sbatch_returned(monkeypatch):
+    """sbatch --wait may return while a requeued task is pending again: Submission waits until
+    squeue no longer lists the job (then an invalid id), polling."""
+    from posbench import cluster
+
+    answers = iter([(0, "12_1\n"), (0, "12_1\n"), (0, ""), (1, ""), (1, "")])
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        rc, out = next(answers)
+        return subprocess.CompletedProcess(cmd, rc, out, "")
+
+    monkeypatch.setattr(cluster.subprocess, "run", fake_run)
+    monkeypatch.setattr(cluster.time, "sleep", lambda s: None)
+    assert cluster.Submission._drain("12") is True and len(calls) == 3
+    assert cluster.Submission._drain("13") is False and calls[-1][:4] == ["squeue", "-h", "-j", "13"]
