@@ -340,6 +340,14 @@ def cache_dir() -> Path:
     return Path(os.environ.get("POSBENCH_CACHE", Path.home() / ".cache" / "posbench"))
 
 
+def cached_tokens(cfg: DataConfig, cache: dict) -> TokenData | None:
+    """A run's token data, loaded once per data config into `cache`; None for a probe's run, whose
+    examples need no corpus."""
+    if cfg not in cache:
+        cache[cfg] = None if is_probe(cfg) else load_tokens(cfg)
+    return cache[cfg]
+
+
 def load_tokens(cfg: DataConfig) -> TokenData:
     """Tokenized splits, from the cache when the corpus fingerprint and tokenizer match."""
     label = tokenizer_label(cfg)

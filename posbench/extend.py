@@ -27,7 +27,7 @@ import torch
 
 from posbench import batches, layout, results
 from posbench.config import ExtendConfig
-from posbench.data import TokenData, is_probe, load_tokens
+from posbench.data import TokenData, cached_tokens
 from posbench.errors import PosbenchError, RunFailed
 from posbench.extension import METHODS, Extension, check_pairing
 from posbench.probes import parse_probe
@@ -121,15 +121,14 @@ def extend(runs_dir: Path | str, cfg: ExtendConfig, methods_of, schemes: tuple[s
         if finished(runs_dir, spec):
             log(f"{spec.run_id}: already fine-tuned, skipped")
             continue
-        if spec.data not in cache:  # a probe's examples need no corpus
-            cache[spec.data] = None if is_probe(spec.data) else load_tokens(spec.data)
+        data = cached_tokens(spec.data, cache)
         if spec.extension.method == "longrope":
-            spec = with_factors(spec, runs_dir, cache[spec.data], device, log)
+            spec = with_factors(spec, runs_dir, data, device, log)
         if tracker is not None:
             spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, tracker=tracker))
         log(f"extend {spec.extension.parent} with {spec.extension.method} to {cfg.target_len}: {spec.run_id}")
         try:
-            train(spec, runs_dir, device=device, resume=resume, progress=progress, data=cache[spec.data])
+            train(spec, runs_dir, device=device, resume=resume, progress=progress, data=data)
         except RunFailed as e:
             log(str(e))
             failed.append(spec.run_id)
@@ -235,12 +234,11 @@ def target_loss(model, spec: RunSpec, data: TokenData | None, device):
     """The search's fitness data: a function of no arguments giving the parent's mean loss at L'
     under the scaling set at the time, on `search_windows` validation windows of text or, for a
     probe's run, on the answer tokens of its held-out examples of L' tokens."""
-    ext = spec.extension
-    n, length = ext.settings["search_windows"], ext.target_len
+    length = spec.extension.target_len
     if data is None:
         source = batches.ProbeExamples(parse_probe(spec.data.spec), dataclasses.replace(spec.train, train_len=length))
         return lambda: source.validate(model, device, contextlib.nullcontext())["val_loss"]
-    valid = data.valid
+    n, valid = spec.extension.settings["search_windows"], data.valid
     if len(valid) < n * length + 1:
         raise PosbenchError(f"the validation split ({len(valid)} tokens) is shorter than {n} windows of {length}")
     rows = torch.arange(n)[:, None] * length + torch.arange(length + 1)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from posbench import layout, results
 from posbench.config import Task
-from posbench.data import is_probe, load_tokens
+from posbench.data import cached_tokens, is_probe
 from posbench.errors import PosbenchError, RunFailed, on_interrupt
 from posbench.train import FINAL, RunSpec, load_trained, resolve_device, train
 
@@ -127,10 +127,9 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
                 done["skipped_train"] += 1
             else:
                 log(f"train {spec.run_id}")
-                if spec.data not in cache:  # a probe's examples need no corpus
-                    cache[spec.data] = None if is_probe(spec.data) else load_tokens(spec.data)
                 try:
-                    train(spec, out, device=device, resume=resume, progress=False, data=cache[spec.data])
+                    train(spec, out, device=device, resume=resume, progress=False,
+                          data=cached_tokens(spec.data, cache))
                     done["trained"] += 1
                 except RunFailed as e:  # recorded as failed in runs.csv; the other runs go on
                     log(str(e))

@@ -69,6 +69,21 @@ lengths = [16, 32]
 tokens = 64
 """
 
+# A passkey task's data, model and [train] at the smallest size (its [train] table left open).
+TINY_PASSKEY = """
+[data]
+spec = "passkey"
+[model]
+d_model = 16
+n_layers = 1
+n_heads = 2
+[train]
+train_len = 32
+steps = 2
+batch_size = 2
+warmup = 1
+eval_interval = 2
+"""
 TINY_MODEL = ModelConfig(d_model=32, n_layers=2, n_heads=4)
 TINY_TRAIN = TrainConfig(train_len=16, steps=6, batch_size=4, warmup=2, eval_interval=3,
                          eval_windows=4, checkpoint_interval=2)

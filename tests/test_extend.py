@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, tiny_model
+from conftest import TINY_MODEL, TINY_PASSKEY, TINY_TASK, TINY_TRAIN, tiny_model
 from posbench import config, extend, results
 from posbench.cli import main
 from posbench.errors import PosbenchError
@@ -207,17 +207,21 @@ def test_a_deleted_parent_is_one_line(parent, tmp_path):
         train(child, tmp_path, device="cpu", progress=False)
 
 
-def write_task(path, corpus, methods='rope = ["plain", "pose+yarn"]'):
-    path.write_text('version = 1\nname = "tiny"\nschemes = ["rope"]\n'
-                    + TINY_TASK.format(corpus=corpus).replace("[eval]", f"""[extend]
-target_len = 32
-steps = [2]
+# [extend] keys of the tiny tasks: two steps, a LongRoPE search of 4 + 4 candidates
+EXTEND_SETTINGS = """steps = [2]
 lr = 1e-3
 warmup = 1
 population = 4
 parents = 2
 iterations = 1
-search_windows = 2
+"""
+
+
+def write_task(path, corpus, methods='rope = ["plain", "pose+yarn"]'):
+    path.write_text('version = 1\nname = "tiny"\nschemes = ["rope"]\n'
+                    + TINY_TASK.format(corpus=corpus).replace("[eval]", f"""[extend]
+target_len = 32
+{EXTEND_SETTINGS}search_windows = 2
 [extend.methods]
 {methods}
 [eval]""") + 'rope_scaling = ["none", "self-extend", "rerope"]\nself_extend_group = 2\nself_extend_window = 4\n')
@@ -310,28 +314,10 @@ PROBE_TASK = """
 version = 1
 name = "tinypasskey"
 schemes = ["rope"]
-[data]
-spec = "passkey"
-[model]
-d_model = 16
-n_layers = 1
-n_heads = 2
-[train]
-train_len = 32
-steps = 2
-batch_size = 2
-warmup = 1
-eval_interval = 2
-stop_accuracy = 0.5
+""" + TINY_PASSKEY + """stop_accuracy = 0.5
 [extend]
 target_len = 64
-steps = [2]
-lr = 1e-3
-warmup = 1
-population = 4
-parents = 2
-iterations = 1
-[extend.methods]
+""" + EXTEND_SETTINGS + """[extend.methods]
 rope = ["plain", "yarn", "longrope", "pose+yarn"]
 [probes]
 names = ["passkey"]

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from conftest import tiny_model
+from conftest import TINY_PASSKEY, tiny_model
 from posbench import batches, config, effective, probing, results, stats
 from posbench.cli import main
 from posbench.config import TrainConfig
@@ -186,6 +186,7 @@ def test_options_and_canonical_settings():
     ("multikey:keys=99", "keys must be at most 64"),
     ("multiquery:queries=5", "queries <= keys"),
     ("multivalue:digits=-1", "digits must be in 0..18"),
+    ("multivalue:values=65", "at most 64 value symbols"),
 ])
 def test_bad_specs_are_one_clear_error(spec, message):
     with pytest.raises(PosbenchError, match=re.escape(message)):
@@ -372,19 +373,7 @@ TASK = """
 version = 1
 name = "tinyprobes"
 schemes = ["rope", "learned"]
-[data]
-spec = "passkey"
-[model]
-d_model = 16
-n_layers = 1
-n_heads = 2
-[train]
-train_len = 32
-steps = 2
-batch_size = 2
-warmup = 1
-eval_interval = 2
-eval_windows = 2
+""" + TINY_PASSKEY + """eval_windows = 2
 [eval]
 lengths = [32]
 tokens = 64

@@ -126,6 +126,11 @@ class MultiValue(NeedleValues):
     reference = "Hsieh et al. 2024, RULER (NVIDIA/RULER, scripts/synthetic.yaml, niah_multivalue)"
     options = {"values": 4, "digits": 0}
 
+    def check(self) -> None:
+        super().check()
+        if self.digits == 0 and self.values > N_VALUES:
+            raise PosbenchError(f"multivalue values must be at most {N_VALUES} value symbols, got {self.values}")
+
     def instance(self, rng, size, variant):
         key = rng.choice(KEYS)
         values = self.draw_values(rng, self.values)
