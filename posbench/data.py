@@ -64,6 +64,19 @@ def probe_corpus(cfg: DataConfig) -> tuple[int, str]:
     return TOKENIZER.vocab_size, f"{TOKENIZER.name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
+def check_probe_corpus(cfg: DataConfig, recorded, run_id: str) -> None:
+    """Refuse a probe run whose examples came from another revision of its generator (or another
+    symbol vocabulary) than today's: its weights and scores would not be of this probe, and its
+    run_id (of the settings alone) cannot tell."""
+    if not is_probe(cfg) or recorded is None:
+        return
+    now = probe_corpus(cfg)[1]
+    if recorded != now:
+        raise PosbenchError(f"run {run_id} was trained on {cfg.spec} examples of an earlier revision of the "
+                            f"probe (corpus {recorded}, now {now}): its scores would not be of today's probe; "
+                            f"move its folder out of the runs directory to train it again")
+
+
 @dataclass
 class Corpus:
     spec: str

@@ -37,7 +37,7 @@ from posbench.evaluate import ATTN_BYTES, find_runs, variants_for
 from posbench.positions import evaluation_draws, evaluation_positions
 from posbench.probes import PROBES, Example, Probe, parse_probe, probe_name
 from posbench.schemes import PositionLimitError
-from posbench.train import RunSpec, autocast, load_trained, resolve_device
+from posbench.train import RunSpec, autocast, load_spec, load_trained, resolve_device
 
 RATIOS = (1, 2, 4, 8)  # prompt lengths, in training lengths, when the config names none
 MAX_BATCH = 64
@@ -174,7 +174,7 @@ def evaluate(runs_dir: Path | str, cfg: ProbesConfig, eval_cfg: EvalConfig, prob
     """Scores of every finished run trained on one of `probes` (names), merged into out/probes.csv."""
     runs = []
     for run_dir in find_runs(runs_dir, schemes):
-        spec, _, _ = load_trained(run_dir)
+        spec, _ = load_spec(run_dir)
         probe = probe_of(spec)
         if probe is not None and probe.name in probes:
             runs.append(run_dir)

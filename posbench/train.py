@@ -20,7 +20,7 @@ import torch
 
 from posbench import batches, flops, layout, results, trackers
 from posbench.config import TrainConfig, build, stable_hash
-from posbench.data import DataConfig, TokenData, is_probe, load_tokens, probe_corpus, unigram_loss
+from posbench.data import DataConfig, TokenData, check_probe_corpus, is_probe, load_tokens, probe_corpus, unigram_loss
 from posbench.errors import PosbenchError, RunFailed, on_interrupt
 from posbench.extension import Extension, columns as extension_columns
 from posbench.model import ModelConfig, Transformer
@@ -353,8 +353,8 @@ def load_checkpoint(run_dir: Path, model, opt, gen) -> tuple[dict[str, Any], lis
     return state, log
 
 
-def load_trained(run_dir: Path, device="cpu") -> tuple[RunSpec, Transformer, int]:
-    """A finished run: its spec, its model with final weights (eval mode), its vocab size."""
+def load_spec(run_dir: Path) -> tuple[RunSpec, dict]:
+    """A run's spec and its config.json as read."""
     run_dir = Path(run_dir)
     try:
         raw = json.loads((run_dir / "config.json").read_text())
@@ -364,6 +364,16 @@ def load_trained(run_dir: Path, device="cpu") -> tuple[RunSpec, Transformer, int
             raise TypeError(f"vocab_size must be a positive integer, got {vocab!r}")
     except (OSError, ValueError, KeyError, TypeError, PosbenchError) as e:
         raise PosbenchError(f"unreadable run config in {run_dir}: {e}") from None
+    return spec, raw
+
+
+def load_trained(run_dir: Path, device="cpu") -> tuple[RunSpec, Transformer, int]:
+    """A finished run: its spec, its model with final weights (eval mode), its vocab size. A probe
+    run trained on another revision of its probe is refused."""
+    run_dir = Path(run_dir)
+    spec, raw = load_spec(run_dir)
+    vocab = raw["vocab_size"]
+    check_probe_corpus(spec.data, raw.get("corpus"), spec.run_id)
     tensors, _ = _read_safetensors(run_dir / FINAL)
     model = build_model(spec, vocab)
     try:
@@ -479,6 +489,11 @@ def train(
 
 def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, data, stop_after):
     t = spec.train
+    if resume and (run_dir / "config.json").exists():
+        recorded = None
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # unreadable: the checkpoint's own checks speak
+            recorded = json.loads((run_dir / "config.json").read_text()).get("corpus")
+        check_probe_corpus(spec.data, recorded, spec.run_id)
     if resume and (run_dir / FINAL).exists():
         done = [r for r in results.read_rows(results.table_path(runs_dir, "runs")) if r["run_id"] == spec.run_id]
         if done and done[0]["status"] == "ok":

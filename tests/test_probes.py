@@ -65,13 +65,15 @@ def solve(name: str, e) -> list[str]:
         return ["".join(before[i + 3: before.index(".", i)])]
     if name in ("copy", "reverse", "sort", "parity", "addition"):
         return algorithmic(name, before)
-    asked = [s for s in question(before) if s in KEYS]
+    q = question(before)
+    asked = [s for s in q[: q.index("?")] if s in KEYS]  # the keys asked for, before the answer prefix
+    text = needles(before[: -len(q)])
     if name == "multikey":
-        return [needles(before)[asked[0]][0]]
+        return [text[asked[0]][0]]
     if name == "multivalue":
-        return needles(before)[asked[0]]
+        return text[asked[0]]
     if name == "multiquery":
-        return [needles(before)[k][0] for k in asked]
+        return [text[k][0] for k in asked]
     assert name == "vartrack"
     value = "".join(s for s in question(before) if s.isdigit())
     holding = []
@@ -196,9 +198,9 @@ def test_bad_specs_are_one_clear_error(spec, message):
 def test_too_short_length_is_one_clear_error():
     with pytest.raises(PosbenchError, match="passkey length 16 is too short: an example needs at least 27 tokens"):
         prompts("passkey", 16)
-    with pytest.raises(PosbenchError, match="multikey examples need at least 36 tokens; train_len is 32"):
+    with pytest.raises(PosbenchError, match="multikey examples need at least 38 tokens; train_len is 32"):
         parse_probe("multikey:digits=4").training_example(random.Random(0), 32)
-    with pytest.raises(PosbenchError, match="multikey examples need at least 21 tokens; train_len is 16"):
+    with pytest.raises(PosbenchError, match="multikey examples need at least 23 tokens; train_len is 16"):
         parse_probe("multikey").training_example(random.Random(0), 16)
 
 
@@ -450,6 +452,21 @@ def test_probe_cli_scores_runs_of_the_probe(probe_run, tmp_path, capsys):
     assert len(results.read_rows(out / "probes.csv")) == len(rows)
 
 
+def test_runs_of_an_earlier_revision_of_the_probe_are_refused(probe_run, tmp_path, monkeypatch, capsys):
+    path, runs, _ = probe_run
+    before = (runs / "probes.csv").read_bytes()
+    monkeypatch.setattr(PROBES["passkey"], "revision", PROBES["passkey"].revision + 1)
+    args = ["probe", "--probe", "passkey", "--runs-dir", str(runs), "--device", "cpu", "--out", str(tmp_path)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "examples of an earlier revision of the probe" in err and "Traceback" not in err
+    with pytest.raises(PosbenchError, match="earlier revision of the probe"):  # --resume does not skip it
+        run_task(config.load_task(str(path)), runs, device="cpu", speed=False, resume=True)
+    assert (runs / "probes.csv").read_bytes() == before
+    assert main(["probe", "--probe", "copy", "--runs-dir", str(runs), "--device", "cpu", "--trials", "2",
+                 "--out", str(tmp_path)]) == 0  # other probes' runs are today's
+
+
 def test_extrapolate_leaves_probe_runs_to_probe(probe_run, capsys):
     _, runs, _ = probe_run
     assert main(["extrapolate", "--runs-dir", str(runs), "--device", "cpu"]) == 2
@@ -473,7 +490,7 @@ def test_probe_list(capsys):
     (["probe", "--probe", "copy", "--lengths", "12,x"], "bad lengths"),
     (["probe", "--probe", "copy", "--runs-dir", "/nonexistent/runs"], "does not exist"),
     (["train", "--scheme", "rope", "--data", "mqar:spacing=1"], "spacing must be at least 4"),
-    (["train", "--scheme", "rope", "--data", "multikey", "--train-len", "16"], "need at least 21 tokens"),
+    (["train", "--scheme", "rope", "--data", "multikey", "--train-len", "16"], "need at least 23 tokens"),
 ])
 def test_bad_probe_input_is_one_line_and_exit_2(args, message, capsys):
     assert main(args) == 2

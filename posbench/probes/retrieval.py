@@ -4,7 +4,9 @@ Passkey (Mohtashami & Jaggi 2023) and the needle-in-a-haystack family of RULER (
 2024, NVIDIA/RULER scripts/synthetic.yaml: niah_multikey_1, niah_multivalue, niah_multiquery,
 vt), scaled to tiny models and written in one-token symbols: the haystack is RULER's noise
 sentences ("the grass is green ."), a needle is ``KEY is 1 2 3 .`` (a key symbol, digits), the
-question ends where the answer starts, as RULER's base-model prompts do. A longer example holds
+question ends where the answer starts, as RULER's base-model prompts do; where a question names
+keys, each answer follows its key, as RULER's answer prefix repeats the query ("The special magic
+number for KEY mentioned in the provided text is"). A longer example holds
 more haystack. Multi-needle probes put their needles at uniformly random depths. MQAR (Zoology)
 grows by pairs instead: every key of its list is queried, each query its own verdict.
 """
@@ -100,10 +102,12 @@ class NeedleValues(NumberAnswers):
 @register
 class MultiKey(NeedleValues):
     name = "multikey"
-    summary = ("`keys` needles 'KEY is V .' with distinct keys; the question asks for one of them "
-               "(RULER niah_multikey_1: 4 keys); V one value symbol, or a `digits`-digit number")
+    summary = ("`keys` needles 'KEY is V .' with distinct keys; the question asks for one of them and "
+               "the answer follows the key, 'what is KEY ? KEY is V' (RULER niah_multikey_1: 4 keys, "
+               "its answer prefix repeating the key); V one value symbol, or a `digits`-digit number")
     reference = "Hsieh et al. 2024, RULER (NVIDIA/RULER, scripts/synthetic.yaml, niah_multikey_1)"
     options = {"keys": 4, "digits": 0}
+    revision = 3  # 3: the answer follows its key, as RULER's answer prefix
 
     def check(self) -> None:
         super().check()
@@ -115,7 +119,7 @@ class MultiKey(NeedleValues):
         values = self.draw_values(rng, self.keys)
         asked = rng.randrange(self.keys)
         return haystack(rng, [needle(k, v) for k, v in zip(keys, values)]) + [
-            Text(("what", "is", keys[asked], "?")), Answer(values[asked])]
+            Text(("what", "is", keys[asked], "?", keys[asked], "is")), Answer(values[asked])]
 
 
 @register
@@ -142,9 +146,11 @@ class MultiValue(NeedleValues):
 class MultiQuery(NeedleValues):
     name = "multiquery"
     summary = ("`keys` needles with distinct keys; `queries` of them are asked for in one question, "
-               "answered in the order asked, each its own verdict (RULER niah_multiquery: 4 keys, 4 queries)")
+               "answered in the order asked, each answer after its key, 'what are K1 , K2 ? K1 is V1 , "
+               "K2 is V2', each its own verdict (RULER niah_multiquery: 4 keys, 4 queries)")
     reference = "Hsieh et al. 2024, RULER (NVIDIA/RULER, scripts/synthetic.yaml, niah_multiquery)"
     options = {"keys": 4, "queries": 2, "digits": 0}
+    revision = 3  # 3: each answer follows its key, as RULER's answer prefix
 
     def check(self) -> None:
         super().check()
@@ -156,8 +162,11 @@ class MultiQuery(NeedleValues):
         values = dict(zip(keys, self.draw_values(rng, self.keys)))
         asked = rng.sample(keys, self.queries)
         question = [s for i, k in enumerate(asked) for s in ((",", k) if i else (k,))]
+        answers: list = []
+        for i, k in enumerate(asked):
+            answers += [Text((",", k, "is") if i else ("?", k, "is")), Answer(values[k])]
         return haystack(rng, [needle(k, v) for k, v in values.items()]) + [
-            Text(("what", "are", *question, "?")), *listed(values[k] for k in asked)]
+            Text(("what", "are", *question)), *answers]
 
 
 @register
