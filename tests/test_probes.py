@@ -185,10 +185,12 @@ def test_options_and_canonical_settings():
     ("passkey:digits=0", "digits must be in 1..18"),
     ("mqar:spacing=2", "spacing must be at least 4"),
     ("mqar:keys=99", "at most 64 keys"),
-    ("multikey:keys=99", "keys must be at most 64"),
+    ("multikey:keys=99", "keys must be at most its pool of 64"),
+    ("multikey:pool=99", "pool must be from 1 to 64"),
+    ("multiquery:keys=8,pool=4", "queries <= keys <= pool (4)"),
     ("multiquery:queries=5", "queries <= keys"),
     ("multivalue:digits=-1", "digits must be in 0..18"),
-    ("multivalue:values=65", "at most 64 value symbols"),
+    ("multivalue:values=65", "at most its pool of 64 value symbols"),
 ])
 def test_bad_specs_are_one_clear_error(spec, message):
     with pytest.raises(PosbenchError, match=re.escape(message)):
@@ -465,6 +467,34 @@ def test_runs_of_an_earlier_revision_of_the_probe_are_refused(probe_run, tmp_pat
     assert (runs / "probes.csv").read_bytes() == before
     assert main(["probe", "--probe", "copy", "--runs-dir", str(runs), "--device", "cpu", "--trials", "2",
                  "--out", str(tmp_path)]) == 0  # other probes' runs are today's
+
+
+def test_probes_table_script(probe_run, tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    _, runs, _ = probe_run
+    path = Path(__file__).parents[1] / "scripts" / "probes_table.py"
+    spec = importlib.util.spec_from_file_location("probes_table", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main([str(runs), "--ratios", "1,2"]) == 0
+    out = capsys.readouterr().out
+    steps, accuracy = out.split("\n\n", 1)[0], out.split("\n\n", 1)[1]
+    # two steps of 2: no early stop, so each cell is the final held-out accuracy in parentheses
+    header, _, *lines = steps.splitlines()
+    row = next(line for line in lines if line.startswith("| copy |"))
+    cells = {k.strip(): v.strip() for k, v in zip(header.strip("|").split("|"), row.strip("|").split("|"))}
+    assert cells["none"] == "" and cells["learned"].startswith("(")
+    assert cells["rope"].startswith("(") and cells["rope+randomized"].startswith("(")
+    assert "6 runs" in out
+    hits = results.read_rows(runs / "probes.csv")
+    cell = next(r for r in hits if r["probe"] == "copy" and r["scheme"] == "rope" and r["eval_len"] == "32"
+                and r["position_draws"] == "0")
+    lo, hi = stats.wilson(int(cell["hits"]), int(cell["answers"]))
+    want = f"| copy | rope (not learned) | {100 * float(cell['hits']) / int(cell['answers']):.0f} [{100 * lo:.0f}, {100 * hi:.0f}]"
+    assert want in accuracy
+    assert script.main([str(tmp_path / "absent")]) == 2
 
 
 def test_extrapolate_leaves_probe_runs_to_probe(probe_run, capsys):

@@ -90,12 +90,27 @@ class NeedleValues(NumberAnswers):
     revision = 2  # 2: value symbols by default
 
     @property
+    def pool(self) -> int:
+        """How many key and value symbols the needles draw from (an option of multikey and
+        multiquery; multivalue draws from all)."""
+        return self.opts.get("pool", min(N_KEYS, N_VALUES))
+
+    def check(self) -> None:
+        super().check()
+        if not 1 <= self.pool <= min(N_KEYS, N_VALUES):
+            raise PosbenchError(f"{self.name} pool must be from 1 to {min(N_KEYS, N_VALUES)} symbols, got {self.pool}")
+
+    @property
     def chance(self) -> float:
-        return 1 / N_VALUES if self.digits == 0 else 10.0 ** -self.digits
+        return 1 / self.pool if self.digits == 0 else 10.0 ** -self.digits
+
+    def draw_keys(self, rng: random.Random, n: int) -> list[str]:
+        """n distinct keys of the first `pool` key symbols."""
+        return rng.sample(KEYS[: self.pool], n)
 
     def draw_values(self, rng: random.Random, n: int) -> list[tuple[str, ...]]:
         if self.digits == 0:
-            return [(v,) for v in rng.sample(VALUES, n)]
+            return [(v,) for v in rng.sample(VALUES[: self.pool], n)]
         return [number(rng, self.digits) for _ in range(n)]
 
 
@@ -106,16 +121,16 @@ class MultiKey(NeedleValues):
                "the answer follows the key, 'what is KEY ? KEY is V' (RULER niah_multikey_1: 4 keys, "
                "its answer prefix repeating the key); V one value symbol, or a `digits`-digit number")
     reference = "Hsieh et al. 2024, RULER (NVIDIA/RULER, scripts/synthetic.yaml, niah_multikey_1)"
-    options = {"keys": 4, "digits": 0}
+    options = {"keys": 4, "digits": 0, "pool": 64}
     revision = 3  # 3: the answer follows its key, as RULER's answer prefix
 
     def check(self) -> None:
         super().check()
-        if self.keys > N_KEYS:
-            raise PosbenchError(f"multikey keys must be at most {N_KEYS}, got {self.keys}")
+        if self.keys > self.pool:
+            raise PosbenchError(f"multikey keys must be at most its pool of {self.pool} symbols, got {self.keys}")
 
     def instance(self, rng, size, variant):
-        keys = rng.sample(KEYS, self.keys)
+        keys = self.draw_keys(rng, self.keys)
         values = self.draw_values(rng, self.keys)
         asked = rng.randrange(self.keys)
         return haystack(rng, [needle(k, v) for k, v in zip(keys, values)]) + [
@@ -132,11 +147,11 @@ class MultiValue(NeedleValues):
 
     def check(self) -> None:
         super().check()
-        if self.digits == 0 and self.values > N_VALUES:
-            raise PosbenchError(f"multivalue values must be at most {N_VALUES} value symbols, got {self.values}")
+        if self.digits == 0 and self.values > self.pool:
+            raise PosbenchError(f"multivalue values must be at most its pool of {self.pool} value symbols, got {self.values}")
 
     def instance(self, rng, size, variant):
-        key = rng.choice(KEYS)
+        key = rng.choice(KEYS[: self.pool])
         values = self.draw_values(rng, self.values)
         return haystack(rng, [needle(key, v) for v in values]) + [
             Text(("what", "are", key, "?")), *listed(values)]
@@ -149,16 +164,16 @@ class MultiQuery(NeedleValues):
                "answered in the order asked, each answer after its key, 'what are K1 , K2 ? K1 is V1 , "
                "K2 is V2', each its own verdict (RULER niah_multiquery: 4 keys, 4 queries)")
     reference = "Hsieh et al. 2024, RULER (NVIDIA/RULER, scripts/synthetic.yaml, niah_multiquery)"
-    options = {"keys": 4, "queries": 2, "digits": 0}
+    options = {"keys": 4, "queries": 2, "digits": 0, "pool": 64}
     revision = 3  # 3: each answer follows its key, as RULER's answer prefix
 
     def check(self) -> None:
         super().check()
-        if not self.queries <= self.keys <= N_KEYS:
-            raise PosbenchError(f"multiquery needs queries <= keys <= {N_KEYS}, got {self.queries}, {self.keys}")
+        if not self.queries <= self.keys <= self.pool:
+            raise PosbenchError(f"multiquery needs queries <= keys <= pool ({self.pool}), got {self.queries}, {self.keys}")
 
     def instance(self, rng, size, variant):
-        keys = rng.sample(KEYS, self.keys)
+        keys = self.draw_keys(rng, self.keys)
         values = dict(zip(keys, self.draw_values(rng, self.keys)))
         asked = rng.sample(keys, self.queries)
         question = [s for i, k in enumerate(asked) for s in ((",", k) if i else (k,))]

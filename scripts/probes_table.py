@@ -1,0 +1,124 @@
+#!/usr/bin/env python
+"""The probe tables of README, "Probes", from a results directory of the probes task (runs.csv,
+probes.csv and the runs' config.json): the step each run stopped at (its early stop, or its last
+step with its final held-out accuracy in parentheses), probe x scheme; and per-answer accuracy at
+each ratio of the training length, variants pooled (passkey's depths), with the Wilson interval of
+the pooled counts and `not learned` where the gate says so; several seeds: the mean over seeds.
+Also the summed training time of the runs (one core each).
+
+    python scripts/probes_table.py DIR [--ratios 1,2,4,8]
+
+Prints markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from posbench import results, stats
+from posbench.config import parse_int_list
+from posbench.errors import PosbenchError
+from posbench.probes import PROBES
+from posbench.report import label
+
+ORDER = ["mqar", "passkey", "multikey", "multivalue", "multiquery", "vartrack", "copy", "reverse", "sort",
+         "parity", "addition"]  # README's order; probes not named here follow
+COLUMNS = ["none", "rope", "rope+randomized", "alibi", "t5", "kerple", "fire", "fox", "rnope-swa"]
+
+
+def run_probes(out: Path) -> dict[str, str]:
+    """run_id -> the probe its run trained on (from its config)."""
+    found = {}
+    for config in out.glob("*/config.json"):
+        spec = json.loads(config.read_text())["data"]["spec"]
+        found[config.parent.name] = str(spec).split(":")[0]
+    return found
+
+
+def probes_in(names) -> list[str]:
+    present = set(names)
+    return [p for p in ORDER if p in present] + sorted(present - set(ORDER))
+
+
+def steps_table(out: Path) -> list[str]:
+    runs = pd.DataFrame(results.read_rows(results.table_path(out, "runs")))
+    runs = runs[runs["status"] == "ok"].copy()
+    probe_of = run_probes(out)
+    runs["probe"] = runs["run_id"].map(probe_of)
+    runs = runs[runs["probe"].isin(PROBES)]
+    runs["label"] = runs.apply(label, axis=1)
+    columns = COLUMNS + sorted(set(runs["label"]) - set(COLUMNS))
+    lines = ["| probe | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for probe in probes_in(runs["probe"]):
+        cells = []
+        for column in columns:
+            rows = runs[(runs["probe"] == probe) & (runs["label"] == column)]
+            words = []
+            for r in rows.sort_values("seed").itertuples():
+                if r.stopped_at and int(r.stopped_at) < int(r.steps):
+                    words.append(f"{int(r.stopped_at):,}")
+                else:
+                    words.append(f"({float(r.final_val_accuracy):.0%})")
+            cells.append(" / ".join(words))
+        lines.append(f"| {probe} | " + " | ".join(cells) + " |")
+    seconds = pd.to_numeric(runs["train_seconds"]).sum()
+    lines += ["", f"{len(runs)} runs, {seconds / 3600:.1f} hours of training (one core each)"]
+    return lines
+
+
+def accuracy_table(out: Path, ratios: tuple[int, ...]) -> list[str]:
+    df = pd.DataFrame(results.read_rows(results.table_path(out, "probes")))
+    df = df[df["status"].isin(["ok", "not learned"])].copy()
+    df["label"] = df.apply(label, axis=1)
+    for c in ("ratio", "hits", "answers"):
+        df[c] = pd.to_numeric(df[c])
+    lines = ["| probe | scheme | " + " | ".join(f"{r}x" for r in ratios) + " |", "|---" * (len(ratios) + 2) + "|"]
+    order = {c: i for i, c in enumerate(COLUMNS)}
+    for probe in probes_in(df["probe"]):
+        sub = df[df["probe"] == probe]
+        labels = sorted(set(sub["label"]), key=lambda s: (order.get(s.split("+")[0], 99), s))
+        for name in labels:
+            rows = sub[sub["label"] == name]
+            seeds = sorted(set(rows["seed"]))
+            learned = not (rows[rows["ratio"] == 1]["status"] == "not learned").any()
+            cells = []
+            for ratio in ratios:
+                at = rows[rows["ratio"] == ratio]
+                if at.empty:
+                    cells.append("")
+                    continue
+                per_seed = at.groupby("seed")[["hits", "answers"]].sum()
+                mean = (per_seed["hits"] / per_seed["answers"]).mean()
+                if len(per_seed) == 1:
+                    lo, hi = stats.wilson(int(per_seed["hits"].iloc[0]), int(per_seed["answers"].iloc[0]))
+                    cells.append(f"{100 * mean:.0f} [{100 * lo:.0f}, {100 * hi:.0f}]")
+                else:
+                    cells.append(f"{100 * mean:.0f} (n={len(per_seed)})")
+            suffix = "" if learned else " (not learned)"
+            seed_note = f", {len(seeds)} seeds" if len(seeds) > 1 else ""
+            lines.append(f"| {probe} | {name}{suffix}{seed_note} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dir", type=Path)
+    parser.add_argument("--ratios", default="1,2,4,8")
+    args = parser.parse_args(argv)
+    try:
+        ratios = parse_int_list(args.ratios)
+        lines = steps_table(args.dir) + [""] + accuracy_table(args.dir, ratios)
+    except (PosbenchError, OSError, KeyError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
