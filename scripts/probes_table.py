@@ -6,7 +6,10 @@ each ratio of the training length, variants pooled (passkey's depths), with the 
 the pooled counts and `not learned` where the gate says so; several seeds: the mean over seeds.
 Also the summed training time of the runs (one core each).
 
-    python scripts/probes_table.py DIR [--ratios 1,2,4,8]
+    python scripts/probes_table.py DIR [--ratios 1,2,4,8] [--curves PROBE[,PROBE...]] [--every 1000]
+
+--curves prints instead the learning curves of the runs on those probes: held-out per-answer
+accuracy at the training length (log.csv's val_accuracy) every `--every` steps.
 
 Prints markdown.
 """
@@ -105,14 +108,39 @@ def accuracy_table(out: Path, ratios: tuple[int, ...]) -> list[str]:
     return lines
 
 
+def curves_table(out: Path, probes: list[str], every: int) -> list[str]:
+    runs = {r["run_id"]: r for r in results.read_rows(results.table_path(out, "runs"))}
+    probe_of = run_probes(out)
+    curves = {}
+    for run_id, probe in sorted(probe_of.items()):
+        spec = json.loads((out / run_id / "config.json").read_text())["data"]["spec"]
+        if probe not in probes or run_id not in runs or not (out / run_id / "log.csv").exists():
+            continue
+        log = pd.read_csv(out / run_id / "log.csv").dropna(subset=["val_accuracy"])
+        curves[(spec, label(runs[run_id]), run_id)] = dict(zip(log["step"], log["val_accuracy"]))
+    if not curves:
+        raise PosbenchError(f"no runs of {', '.join(probes)} with a log in {out}")
+    last = max(max(c) for c in curves.values())
+    steps = list(range(every, last + 1, every))
+    lines = ["| data | scheme | " + " | ".join(f"{s:,}" for s in steps) + " |", "|---" * (len(steps) + 2) + "|"]
+    for (spec, name, _), curve in sorted(curves.items()):
+        cells = [f"{100 * curve[s]:.0f}" if s in curve else "" for s in steps]
+        lines.append(f"| {spec} | {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dir", type=Path)
     parser.add_argument("--ratios", default="1,2,4,8")
+    parser.add_argument("--curves", default=None)
+    parser.add_argument("--every", type=int, default=1000)
     args = parser.parse_args(argv)
     try:
-        ratios = parse_int_list(args.ratios)
-        lines = steps_table(args.dir) + [""] + accuracy_table(args.dir, ratios)
+        if args.curves:
+            lines = curves_table(args.dir, args.curves.split(","), args.every)
+        else:
+            lines = steps_table(args.dir) + [""] + accuracy_table(args.dir, parse_int_list(args.ratios))
     except (PosbenchError, OSError, KeyError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -6,6 +6,7 @@ probe` command, the [probes] step of `posbench run`, and bad input."""
 import random
 import re
 
+import pandas as pd
 import pytest
 import torch
 
@@ -494,6 +495,11 @@ def test_probes_table_script(probe_run, tmp_path, capsys):
     lo, hi = stats.wilson(int(cell["hits"]), int(cell["answers"]))
     want = f"| copy | rope (not learned) | {100 * float(cell['hits']) / int(cell['answers']):.0f} [{100 * lo:.0f}, {100 * hi:.0f}]"
     assert want in accuracy
+    assert script.main([str(runs), "--curves", "copy", "--every", "2"]) == 0
+    curves = capsys.readouterr().out.splitlines()
+    assert curves[0] == "| data | scheme | 2 |" and len(curves) == 2 + 3  # rope, rope+randomized, learned
+    log = pd.read_csv(runs / cell["run_id"] / "log.csv").dropna(subset=["val_accuracy"])
+    assert f"| copy | rope | {100 * log['val_accuracy'].iloc[-1]:.0f} |" in curves
     assert script.main([str(tmp_path / "absent")]) == 2
 
 
