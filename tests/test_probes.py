@@ -149,6 +149,9 @@ def test_instances_grow_as_the_probe_says():
     mqar = parse_probe("mqar")
     assert [len(prompts("mqar", n, n=1)[0].answers) for n in (32, 64, 128, 256)] == [4, 8, 16, 16]
     assert mqar.grows == "pairs" and parse_probe("copy").grows == "digits"
+    multikey = parse_probe("multikey")  # needles: one per 16 tokens, at most 4, then haystack
+    assert [multikey.size_for(n) for n in (10, 11, 16, 17, 48, 49, 64, 512)] == [0, 1, 1, 2, 3, 4, 4, 4]
+    assert [len(e.answers) for e in (parse_probe("multiquery").example(random.Random(0), n) for n in (12, 40, 64))] == [1, 3, 4]
     near, far = prompts("passkey", 64, n=1)[0], prompts("passkey", 256, n=1)[0]
     assert len(near.answers) == len(far.answers) == 1 and parse_probe("passkey").grows == "filler"
     assert parse_probe("mqar:keys=8").size_for(1024) == 8  # no more pairs than keys
@@ -201,10 +204,10 @@ def test_bad_specs_are_one_clear_error(spec, message):
 def test_too_short_length_is_one_clear_error():
     with pytest.raises(PosbenchError, match="passkey length 16 is too short: an example needs at least 27 tokens"):
         prompts("passkey", 16)
-    with pytest.raises(PosbenchError, match="multikey examples need at least 38 tokens; train_len is 32"):
-        parse_probe("multikey:digits=4").training_example(random.Random(0), 32)
-    with pytest.raises(PosbenchError, match="multikey examples need at least 23 tokens; train_len is 16"):
-        parse_probe("multikey").training_example(random.Random(0), 16)
+    with pytest.raises(PosbenchError, match="multikey examples need at least 17 tokens; train_len is 16"):
+        parse_probe("multikey:digits=4").training_example(random.Random(0), 16)  # one needle of 4 digits
+    with pytest.raises(PosbenchError, match="vartrack examples need at least 45 tokens; train_len is 32"):
+        parse_probe("vartrack").training_example(random.Random(0), 32)
 
 
 # --- batches: whole examples, the loss on answers only ----------------------------------------
@@ -526,7 +529,7 @@ def test_probe_list(capsys):
     (["probe", "--probe", "copy", "--lengths", "12,x"], "bad lengths"),
     (["probe", "--probe", "copy", "--runs-dir", "/nonexistent/runs"], "does not exist"),
     (["train", "--scheme", "rope", "--data", "mqar:spacing=1"], "spacing must be at least 4"),
-    (["train", "--scheme", "rope", "--data", "multikey", "--train-len", "16"], "need at least 23 tokens"),
+    (["train", "--scheme", "rope", "--data", "vartrack", "--train-len", "16"], "need at least 45 tokens"),
 ])
 def test_bad_probe_input_is_one_line_and_exit_2(args, message, capsys):
     assert main(args) == 2

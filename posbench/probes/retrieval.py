@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 
 from posbench.errors import PosbenchError
-from posbench.probes.base import Answer, Fill, Probe, Text, random_weights, register
+from posbench.probes.base import Answer, Fill, Probe, Text, fixed_tokens, random_weights, register
 from posbench.probes.symbols import KEYS, N_KEYS, N_VALUES, VALUES
 
 
@@ -104,6 +104,15 @@ class NeedleValues(NumberAnswers):
     def chance(self) -> float:
         return 1 / self.pool if self.digits == 0 else 10.0 ** -self.digits
 
+    def needles_for(self, length: int) -> int:
+        """Multikey and multiquery grow by needles, as MQAR by pairs: an example of L tokens holds
+        L / `spacing` needles, rounded up, at most `keys`, then more haystack; so short training
+        examples hold 1-3 needles, where a key must be told apart from fewer others."""
+        n = min(self.keys, max(1, -(-length // self.spacing)))
+        while n and fixed_tokens(self.instance(random.Random(0), n, None)) > length:
+            n -= 1  # the needles, question and answers of n do not fit
+        return n
+
     def draw_keys(self, rng: random.Random, n: int) -> list[str]:
         """n distinct keys of the first `pool` key symbols."""
         return rng.sample(KEYS[: self.pool], n)
@@ -121,18 +130,23 @@ class MultiKey(NeedleValues):
                "the answer follows the key, 'what is KEY ? KEY is V' (RULER niah_multikey_1: 4 keys, "
                "its answer prefix repeating the key); V one value symbol, or a `digits`-digit number")
     reference = "Hsieh et al. 2024, RULER (NVIDIA/RULER, scripts/synthetic.yaml, niah_multikey_1)"
-    options = {"keys": 4, "digits": 0, "pool": 64}
-    revision = 3  # 3: the answer follows its key, as RULER's answer prefix
+    options = {"keys": 4, "digits": 0, "pool": 64, "spacing": 16}
+    revision = 3  # 3: the answer follows its key, as RULER's answer prefix; needles grow with the length
+    grows = "needles: L / `spacing` (16), at most `keys`, then haystack"
+    sized = True
 
     def check(self) -> None:
         super().check()
         if self.keys > self.pool:
             raise PosbenchError(f"multikey keys must be at most its pool of {self.pool} symbols, got {self.keys}")
 
+    def size_for(self, length: int) -> int:
+        return self.needles_for(length)
+
     def instance(self, rng, size, variant):
-        keys = self.draw_keys(rng, self.keys)
-        values = self.draw_values(rng, self.keys)
-        asked = rng.randrange(self.keys)
+        keys = self.draw_keys(rng, size)
+        values = self.draw_values(rng, size)
+        asked = rng.randrange(size)
         return haystack(rng, [needle(k, v) for k, v in zip(keys, values)]) + [
             Text(("what", "is", keys[asked], "?", keys[asked], "is")), Answer(values[asked])]
 
@@ -164,18 +178,23 @@ class MultiQuery(NeedleValues):
                "answered in the order asked, each answer after its key, 'what are K1 , K2 ? K1 is V1 , "
                "K2 is V2', each its own verdict (RULER niah_multiquery: 4 keys, 4 queries)")
     reference = "Hsieh et al. 2024, RULER (NVIDIA/RULER, scripts/synthetic.yaml, niah_multiquery)"
-    options = {"keys": 4, "queries": 2, "digits": 0, "pool": 64}
-    revision = 3  # 3: each answer follows its key, as RULER's answer prefix
+    options = {"keys": 4, "queries": 4, "digits": 0, "pool": 64, "spacing": 16}
+    revision = 3  # 3: each answer follows its key, as RULER's answer prefix; needles grow with the length
+    grows = "needles: L / `spacing` (16), at most `keys`, then haystack"
+    sized = True
 
     def check(self) -> None:
         super().check()
         if not self.queries <= self.keys <= self.pool:
             raise PosbenchError(f"multiquery needs queries <= keys <= pool ({self.pool}), got {self.queries}, {self.keys}")
 
+    def size_for(self, length: int) -> int:
+        return self.needles_for(length)
+
     def instance(self, rng, size, variant):
-        keys = self.draw_keys(rng, self.keys)
-        values = dict(zip(keys, self.draw_values(rng, self.keys)))
-        asked = rng.sample(keys, self.queries)
+        keys = self.draw_keys(rng, size)
+        values = dict(zip(keys, self.draw_values(rng, size)))
+        asked = rng.sample(keys, min(self.queries, size))
         question = [s for i, k in enumerate(asked) for s in ((",", k) if i else (k,))]
         answers: list = []
         for i, k in enumerate(asked):
