@@ -153,14 +153,19 @@ class ProbeExamples:
 
     @torch.no_grad()
     def validate(self, model, device, autocast, batch: int = 64) -> dict[str, float]:
-        """Answer-token loss and per-answer accuracy of the held-out examples at train_len."""
+        """Answer-token loss and per-answer accuracy of the held-out examples at train_len. A run
+        on randomized positions reads them at sorted draws from [0, randomize_max), as it trains
+        and as `posbench probe` scores it (one fixed draw per batch of examples, the same at
+        every check); at 0..L-1, positions it rarely saw, it would read lower than it scores and
+        never meet its early stop."""
         model.eval()
         loss, scored, right, answers = 0.0, 0.0, 0, 0
         for i in range(0, len(self.valid), batch):
             chunk = self.valid[i: i + batch]
             x, y, mask = (v.to(device) for v in example_rows(chunk, self.t.train_len))
+            pos = training_positions(self.t, torch.Generator().manual_seed(i))
             with autocast:
-                logits = model(x)
+                logits = model(x, None if pos is None else pos.to(device))
             losses = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten(),
                                                        reduction="none").view(y.shape)
             loss += float((losses * mask).sum())

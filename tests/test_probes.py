@@ -3,6 +3,7 @@ whose answers an independent solver agrees with, the length curriculum, the answ
 per-answer and exact verdicts (oracle, greedy decoding), the learned-in-length gate, the `posbench
 probe` command, the [probes] step of `posbench run`, and bad input."""
 
+import contextlib
 import random
 import re
 
@@ -226,6 +227,31 @@ def test_examples_are_rows_padded_at_the_end_with_the_answers_scored():
     assert not (b.targets[scored] == TOKENIZER.pad_id).any()
     assert all(SYMBOLS[t].startswith("v") for t in b.targets[scored].tolist())  # mqar's answers are values
     assert float(b.mask.sum()) == pytest.approx(4.0)  # weights sum to the rows: a row-mean is the answer mean
+
+
+def test_a_randomized_run_is_validated_at_drawn_positions():
+    seen = []
+
+    class Reader(torch.nn.Module):
+        def forward(self, tokens, positions=None):
+            seen.append(positions)
+            return torch.zeros(*tokens.shape, TOKENIZER.vocab_size)
+
+    def validate(**train):
+        seen.clear()
+        t = TrainConfig(train_len=32, batch_size=4, **train)
+        source = batches.ProbeExamples(parse_probe("mqar"), t)
+        out = source.validate(Reader(), "cpu", contextlib.nullcontext())
+        return out, list(seen)
+
+    _, plain = validate()
+    assert plain and all(p is None for p in plain)  # 0..L-1
+    first, drawn = validate(randomize_positions=True, randomize_max=256)
+    assert len(drawn) == len(plain) and all(p is not None and len(p) == 32 for p in drawn)
+    assert all(bool((p[1:] > p[:-1]).all()) and int(p.max()) < 256 for p in drawn)
+    assert any(int(p.max()) >= 32 for p in drawn)
+    again, redrawn = validate(randomize_positions=True, randomize_max=256)
+    assert all(torch.equal(a, b) for a, b in zip(drawn, redrawn)) and first == again  # the same every check
 
 
 def test_a_non_answer_target_does_not_move_the_loss_and_an_answer_target_does():
