@@ -57,10 +57,12 @@ def is_probe(cfg: DataConfig) -> bool:
     return isinstance(cfg.spec, str) and probe_name(cfg.spec) in PROBES
 
 
-def probe_corpus(cfg: DataConfig) -> tuple[int, str]:
-    """A probe run's vocabulary size and fingerprint (of the vocabulary and the probe's settings)."""
+def probe_corpus(cfg: DataConfig, revision: bool = True) -> tuple[int, str]:
+    """A probe run's vocabulary size and fingerprint (of the vocabulary, the probe's settings and
+    its generator's revision; `revision=False`: the fingerprint of before revisions were kept)."""
     probe = parse_probe(cfg.spec)
-    key = f"{TOKENIZER.name}|{' '.join(SYMBOLS)}|{probe.name}:{probe.settings()}|r{probe.revision}"
+    key = f"{TOKENIZER.name}|{' '.join(SYMBOLS)}|{probe.name}:{probe.settings()}"
+    key += f"|r{probe.revision}" if revision else ""
     return TOKENIZER.vocab_size, f"{TOKENIZER.name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
@@ -71,7 +73,9 @@ def check_probe_corpus(cfg: DataConfig, recorded, run_id: str) -> None:
     if not is_probe(cfg) or recorded is None:
         return
     now = probe_corpus(cfg)[1]
-    if recorded != now:
+    # a run recorded before fingerprints held the revision was trained on revision 1
+    older = probe_corpus(cfg, revision=False)[1] if parse_probe(cfg.spec).revision == 1 else None
+    if recorded not in (now, older):
         raise PosbenchError(f"run {run_id} was trained on {cfg.spec} examples of an earlier revision of the "
                             f"probe (corpus {recorded}, now {now}): its scores would not be of today's probe; "
                             f"move its folder out of the runs directory to train it again")

@@ -499,6 +499,19 @@ def test_runs_of_an_earlier_revision_of_the_probe_are_refused(probe_run, tmp_pat
                  "--out", str(tmp_path)]) == 0  # other probes' runs are today's
 
 
+def test_fingerprints_of_before_revisions_were_kept_pass_at_revision_1():
+    from posbench.data import check_probe_corpus, probe_corpus
+
+    copy, passkey = DataConfig(spec="copy"), DataConfig(spec="passkey")
+    assert PROBES["copy"].revision == 1 and PROBES["passkey"].revision > 1
+    check_probe_corpus(copy, probe_corpus(copy)[1], "a")
+    check_probe_corpus(copy, probe_corpus(copy, revision=False)[1], "b")  # trained on revision 1 all the same
+    with pytest.raises(PosbenchError, match="earlier revision"):  # passkey has changed since
+        check_probe_corpus(passkey, probe_corpus(passkey, revision=False)[1], "c")
+    with pytest.raises(PosbenchError, match="earlier revision"):  # another probe's examples
+        check_probe_corpus(DataConfig(spec="reverse"), probe_corpus(copy)[1], "d")
+
+
 def test_probes_table_script(probe_run, tmp_path, capsys):
     import importlib.util
     from pathlib import Path
