@@ -104,15 +104,6 @@ class NeedleValues(NumberAnswers):
     def chance(self) -> float:
         return 1 / self.pool if self.digits == 0 else 10.0 ** -self.digits
 
-    def needles_for(self, length: int) -> int:
-        """Multikey and multiquery grow by needles, as MQAR by pairs: an example of L tokens holds
-        L / `spacing` needles, rounded up, at most `keys`, then more haystack; so short training
-        examples hold 1-3 needles, where a key must be told apart from fewer others."""
-        n = min(self.keys, max(1, -(-length // self.spacing)))
-        while n and fixed_tokens(self.instance(random.Random(0), n, None)) > length:
-            n -= 1  # the needles, question and answers of n do not fit
-        return n
-
     def draw_keys(self, rng: random.Random, n: int) -> list[str]:
         """n distinct keys of the first `pool` key symbols."""
         return rng.sample(KEYS[: self.pool], n)
@@ -123,8 +114,23 @@ class NeedleValues(NumberAnswers):
         return [number(rng, self.digits) for _ in range(n)]
 
 
+class GrowingNeedles(NeedleValues):
+    """Multikey and multiquery grow by needles, as MQAR by pairs: an example of L tokens holds
+    L / `spacing` needles, rounded up, at most `keys`, then more haystack; so short training
+    examples hold 1-3 needles, where a key must be told apart from fewer others."""
+
+    grows = "needles: L / `spacing` (16), at most `keys`, then haystack"
+    sized = True
+
+    def size_for(self, length: int) -> int:
+        n = min(self.keys, max(1, -(-length // self.spacing)))
+        while n and fixed_tokens(self.instance(random.Random(0), n, None)) > length:
+            n -= 1  # the needles, question and answers of n do not fit
+        return n
+
+
 @register
-class MultiKey(NeedleValues):
+class MultiKey(GrowingNeedles):
     name = "multikey"
     summary = ("`keys` needles 'KEY is V .' with distinct keys; the question asks for one of them and "
                "the answer follows the key, 'what is KEY ? KEY is V' (RULER niah_multikey_1: 4 keys, "
@@ -132,16 +138,11 @@ class MultiKey(NeedleValues):
     reference = "Hsieh et al. 2024, RULER (NVIDIA/RULER, scripts/synthetic.yaml, niah_multikey_1)"
     options = {"keys": 4, "digits": 0, "pool": 64, "spacing": 16}
     revision = 3  # 3: the answer follows its key, as RULER's answer prefix; needles grow with the length
-    grows = "needles: L / `spacing` (16), at most `keys`, then haystack"
-    sized = True
 
     def check(self) -> None:
         super().check()
         if self.keys > self.pool:
             raise PosbenchError(f"multikey keys must be at most its pool of {self.pool} symbols, got {self.keys}")
-
-    def size_for(self, length: int) -> int:
-        return self.needles_for(length)
 
     def instance(self, rng, size, variant):
         keys = self.draw_keys(rng, size)
@@ -172,7 +173,7 @@ class MultiValue(NeedleValues):
 
 
 @register
-class MultiQuery(NeedleValues):
+class MultiQuery(GrowingNeedles):
     name = "multiquery"
     summary = ("`keys` needles with distinct keys; `queries` of them are asked for in one question, "
                "answered in the order asked, each answer after its key, 'what are K1 , K2 ? K1 is V1 , "
@@ -180,16 +181,11 @@ class MultiQuery(NeedleValues):
     reference = "Hsieh et al. 2024, RULER (NVIDIA/RULER, scripts/synthetic.yaml, niah_multiquery)"
     options = {"keys": 4, "queries": 4, "digits": 0, "pool": 64, "spacing": 16}
     revision = 3  # 3: each answer follows its key, as RULER's answer prefix; needles grow with the length
-    grows = "needles: L / `spacing` (16), at most `keys`, then haystack"
-    sized = True
 
     def check(self) -> None:
         super().check()
         if not self.queries <= self.keys <= self.pool:
             raise PosbenchError(f"multiquery needs queries <= keys <= pool ({self.pool}), got {self.queries}, {self.keys}")
-
-    def size_for(self, length: int) -> int:
-        return self.needles_for(length)
 
     def instance(self, rng, size, variant):
         keys = self.draw_keys(rng, size)
