@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from posbench.errors import PosbenchError
-from posbench.positions import pose_positions, training_positions
+from posbench.positions import pose_positions, training_bound, training_positions
 from posbench.probes import TOKENIZER, Probe
 
 VALID_EXAMPLES = 256  # held-out probe examples at the training length, scored at every eval_interval
@@ -60,6 +60,7 @@ class LMWindows:
             raise PosbenchError(f"the training split ({len(stream)} tokens) is shorter than one window "
                                 f"of train_len {t.train_len} plus its target")
         self.stream, self.valid, self.t = stream, valid, t
+        self.bound = training_bound(t)  # every position of a batch is below it
 
     def sample(self, gen: torch.Generator) -> Batch:
         t = self.t
@@ -102,6 +103,7 @@ class PoseWindows(LMWindows):
             raise PosbenchError(f"the training split ({len(stream)} tokens) is shorter than PoSE's "
                                 f"{self.SPAN} x {t.train_len} tokens of text per row")
         self.target = target
+        self.bound = training_bound(t, target)
 
     def sample(self, gen: torch.Generator) -> Batch:
         t, length = self.t, self.t.train_len
@@ -140,6 +142,7 @@ class ProbeExamples:
     def __init__(self, probe: Probe, t, target: int | None = None):
         probe.training_example(random.Random(0), t.train_len)  # a train_len too short fails here
         self.probe, self.t, self.target = probe, t, target
+        self.bound = training_bound(t, target)  # every position of a batch is below it
         rng = random.Random(f"{probe.name}:valid")
         self.valid = [probe.example(rng, t.train_len) for _ in range(VALID_EXAMPLES)]
 

@@ -33,6 +33,12 @@ def training_positions(t, gen: torch.Generator) -> torch.Tensor | None:
     return sorted_draw(t.randomize_max, t.train_len, gen)
 
 
+def training_bound(t, target: int | None = None) -> int:
+    """Every position a run trains at is below this: train_len, randomize_max for a randomized
+    run, a PoSE child's target length."""
+    return max(t.train_len, t.randomize_max if t.randomize_positions else 0, target or 0)
+
+
 def evaluation_draws(t, draws: int) -> int:
     """How many position draws an evaluation of this run averages: 0 (positions 0..L-1, one
     pass) unless the run is randomized."""

@@ -209,6 +209,12 @@ class TrainingForward:
         self.compiled = net
         self.proven = self.status == "off"  # a compiled step ran forward and backward once
         if self.status == "on":
+            # One run, one graph: the compiled frames of earlier runs in this process (a grid
+            # trains its schemes one after another) would each hold a cache entry of the model's
+            # forward, and past torch's limit of 8 a later scheme would train eager unnoticed.
+            import torch._dynamo
+
+            torch._dynamo.reset()
             try:
                 self.compiled = torch.compile(net, dynamic=False)
             except Exception as e:  # noqa: BLE001 - any failure of the compiler means eager
@@ -506,6 +512,8 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
     if spec.extension is not None:
         load_parent(model, spec, runs_dir)
     net = TrainingForward(ddp.wrap(model), t.compile, dev)
+    if net.status == "on":
+        model.reserve_positions(source.bound, t.train_len)
     opt = make_optimizer(model, t)
     gen = torch.Generator().manual_seed(spec.seed)
     if ddp.main:

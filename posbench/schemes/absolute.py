@@ -11,7 +11,7 @@ from torch import nn
 from posbench.errors import PosbenchError, did_you_mean
 from posbench.schemes.base import Scheme
 from posbench.schemes.registry import register
-from posbench.schemes.tables import GrowingTable, sinusoid
+from posbench.schemes.tables import GrowingTable, position_count, sinusoid
 
 
 def hierarchical_table(p: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -86,7 +86,7 @@ class Sinusoidal(Scheme):
         self.table = GrowingTable(lambda n, dev: sinusoid(n, dims.d_model, self.p["base"], dev))
 
     def embed(self, x, idx, pos):
-        return x + self.table(pos).to(x.dtype)
+        return x + self.table(pos, self.position_bound).to(x.dtype)
 
 
 def rk4(h, p0: torch.Tensor, n: int, delta: float, substeps: int = 1) -> torch.Tensor:
@@ -229,12 +229,12 @@ class Recurrent(Scheme):
         params = list(self.parameters())
         if torch.is_grad_enabled() and any(p.requires_grad for p in params):
             self.table.clear()
-            return self.integrate(int(pos.max()) + 1)[pos]
+            return self.integrate(position_count(pos, self.position_bound))[pos]
         versions = tuple((p._version, p.data_ptr()) for p in params)
         if versions != self._versions:
             self.table.clear()
             self._versions = versions
-        return self.table(pos)
+        return self.table(pos, self.position_bound)
 
     def embed(self, x, idx, pos):
         return x + self.positions(pos).to(x.dtype)
@@ -264,7 +264,7 @@ class Multiplicative(Scheme):
         self.table = GrowingTable(lambda n, dev: sinusoid(n, dims.d_model, self.p["base"], dev))
 
     def embed(self, x, idx, pos):
-        return x * (self.p["offset"] + self.table(pos)).to(x.dtype)
+        return x * (self.p["offset"] + self.table(pos, self.position_bound)).to(x.dtype)
 
 
 @register

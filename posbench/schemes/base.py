@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from posbench.errors import PosbenchError, did_you_mean
+from posbench.schemes.tables import position_count
 
 HOOKS = ("input", "mixer", "qk", "bias", "logits", "content", "values", "gate", "weights")
 MAX_INT = 2**31 - 1  # bounds every integer setting: larger ones overflow tensors long before use
@@ -133,6 +134,9 @@ class Scheme(nn.Module):
         self.n_heads = dims.n_heads
         self.head_dim = dims.head_dim
         self.extension = "none"
+        # Every position of the training run is below it (Transformer.reserve_positions); the
+        # compiled training forward reads it in place of max(pos) (tables.position_count).
+        self.position_bound: int | None = None
 
     def set_extension(self, name: str) -> None:
         """Choose an eval-time extension policy (`extensions`), or "none"."""
@@ -151,7 +155,7 @@ class Scheme(nn.Module):
 
     def check_positions(self, pos: torch.Tensor) -> None:
         limit = self.position_limit()
-        if limit is not None and int(pos.max()) >= limit:
+        if limit is not None and position_count(pos, self.position_bound) > limit:
             raise PositionLimitError(
                 f"{self.name}: position {int(pos.max())} is beyond its table of {limit} positions"
             )

@@ -14,6 +14,7 @@ from posbench.errors import PosbenchError, did_you_mean
 from posbench.schemes.absolute import hierarchical_table
 from posbench.schemes.base import Scheme
 from posbench.schemes.registry import register
+from posbench.schemes.tables import position_count
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -268,7 +269,8 @@ class Sandwich(Scheme):
 
     def bias(self, pos, ctx=None):
         dist = (pos[:, None] - pos[None, :]).abs()  # (T, T)
-        offsets = torch.arange(int(dist.max()) + 1, device=pos.device, dtype=torch.float64)
+        rows = position_count(dist, self.position_bound)  # every |i - j| is below the bound
+        offsets = torch.arange(rows, device=pos.device, dtype=torch.float64)
         freqs = torch.tensor(self.freqs, dtype=torch.float64, device=pos.device)
         row = (-2 * torch.sin(offsets[:, None] * freqs / 2) ** 2).sum(-1)  # (max |i - j| + 1,)
         return (self.scale[:, None] * row.float())[:, dist]  # (H, T, T)

@@ -35,12 +35,17 @@ class Distances:
     rows: int  # distances 0..rows-1 occur in the window (after clipping)
 
 
-def causal_distances(pos: torch.Tensor, clip: int | None = None) -> Distances:
-    """pos (T,) non-decreasing positions -> their (T, T) distance index, clipped at `clip`."""
-    if pos.shape[0] > 1 and bool((pos[1:] < pos[:-1]).any()):
-        raise PosbenchError("relative schemes need non-decreasing positions within a window")
+def causal_distances(pos: torch.Tensor, clip: int | None = None, bound: int | None = None) -> Distances:
+    """pos (T,) non-decreasing positions -> their (T, T) distance index, clipped at `clip`. Under
+    compile with a reserved `bound` (tables.position_count) the rows cover distances up to
+    bound - 1, and the training batches' positions, non-decreasing by construction, go unchecked."""
     index = (pos[:, None] - pos[None, :]).clamp(min=0)  # (T, T)
-    span = int(pos[-1] - pos[0])
+    if bound is not None and torch.compiler.is_compiling():
+        span = bound - 1
+    else:
+        if pos.shape[0] > 1 and bool((pos[1:] < pos[:-1]).any()):
+            raise PosbenchError("relative schemes need non-decreasing positions within a window")
+        span = int(pos[-1] - pos[0])
     if clip is not None:
         index = index.clamp(max=clip)
         span = min(span, clip)
@@ -94,7 +99,7 @@ class Shaw(Scheme):
         )
 
     def prepare(self, pos):
-        return causal_distances(pos, self.p["k"])
+        return causal_distances(pos, self.p["k"], self.position_bound)
 
     def _rows(self, table: torch.Tensor, dist: Distances) -> torch.Tensor:
         """(rows, D): the table's rows for distances 0..rows-1."""
@@ -146,8 +151,8 @@ class TransformerXL(Scheme):
         self.sinusoids = GrowingTable(lambda n, device: sinusoid(n, d, 10000.0, device))
 
     def prepare(self, pos):
-        dist = causal_distances(pos)
-        r = self.sinusoids(torch.arange(dist.rows, device=pos.device))  # (rows, d)
+        dist = causal_distances(pos, bound=self.position_bound)
+        r = self.sinusoids(torch.arange(dist.rows, device=pos.device), self.position_bound)  # (rows, d)
         return dist, r
 
     def logits(self, q, k, pos, ctx, layer):
@@ -224,7 +229,7 @@ class DeBERTa(Scheme):
         return 1.0 / math.sqrt(3 * self.head_dim)
 
     def prepare(self, pos):
-        return causal_distances(pos, self.p["k"])
+        return causal_distances(pos, self.p["k"], self.position_bound)
 
     def _project(self, rows: torch.Tensor, lin: nn.Linear) -> torch.Tensor:
         """(rows, d) -> (H, rows, D)."""

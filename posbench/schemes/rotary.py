@@ -18,7 +18,7 @@ from torch import nn
 from posbench.errors import PosbenchError, did_you_mean
 from posbench.schemes.base import Scheme
 from posbench.schemes.registry import register
-from posbench.schemes.tables import GrowingTable
+from posbench.schemes.tables import GrowingTable, position_count
 
 # Eval-time policies, chosen with --rope-scaling. self-extend and rerope merge two logit maps
 # (SCHEMES.md 34-35): a RoPE layer under them takes the explicit attention path.
@@ -49,6 +49,11 @@ class RopeScaling:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise did_you_mean(self.kind, SCALINGS, "rope scaling")
+
+    @property
+    def fixed(self) -> bool:
+        """The frequencies do not depend on the window's length (no dynamic rescaling)."""
+        return self.kind in ("none", *TWO_MAPS) or (self.factor > 0 and self.kind != "dynamic-ntk")
 
     def scale(self, length: int, train_len: int) -> float:
         if self.kind in ("none", *TWO_MAPS):
@@ -243,14 +248,15 @@ class RoPE(Scheme):
 
     def angles(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin (T, r/2) at `pos`, YaRN's attention factor folded in."""
-        length = int(pos.max()) + 1
+        # Under compile the reserved bound stands for the length where the frequencies ignore it.
+        length = position_count(pos, self.position_bound if self.scaling.fixed else None)
         train_len = self.dims.train_len
         # The frequencies depend on the length through s, and dynamic NTK also on the length itself.
         grown = max(length, train_len) if self.scaling.kind == "dynamic-ntk" else 0
         key = (self.scaling, self.scaling.scale(length, train_len), grown)
         if key not in self._tables:
             self._tables[key] = self.build_table(length)
-        cos_sin = self._tables[key](pos)  # (T, 2, r/2)
+        cos_sin = self._tables[key](pos, self.position_bound)  # (T, 2, r/2)
         return cos_sin[:, 0], cos_sin[:, 1]
 
     def prepare(self, pos):
@@ -277,7 +283,7 @@ class RoPE(Scheme):
         """Self-Extend or ReRoPE (SCHEMES.md 34-35): q, k (B, H, T, D) unrotated -> scores
         (B, H, T, T), the neighbour map (plain RoPE) where i - j < W, the other map beyond."""
         s = self.scaling
-        inv, _ = self.frequencies(int(pos.max()) + 1)
+        inv, _ = self.frequencies(position_count(pos, self.position_bound if s.fixed else None))
         window = s.neighbour_window(self.dims.train_len)
         near = self.turn_at(q, pos, inv) @ self.turn_at(k, pos, inv).transpose(-1, -2)
         if s.kind == "self-extend":
@@ -397,7 +403,7 @@ class PoPE(Scheme):
         self.phase = nn.Parameter(torch.zeros(dims.n_layers, dims.n_heads, d))
 
     def prepare(self, pos):
-        cos_sin = self.table(pos)  # (T, 2, D)
+        cos_sin = self.table(pos, self.position_bound)  # (T, 2, D)
         return cos_sin[:, 0], cos_sin[:, 1]
 
     def rotate(self, q, k, pos, ctx, layer):
@@ -482,7 +488,7 @@ class FoPE(Scheme):
         self.register_buffer("sin_coef", fourier_coefficients(shape, self.p["sigma"]))
 
     def prepare(self, pos):
-        cos_sin = self.table(pos)  # (T, 2, M)
+        cos_sin = self.table(pos, self.position_bound)  # (T, 2, M)
         return cos_sin[:, 0], cos_sin[:, 1]
 
     def series(self, ctx, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -530,7 +536,7 @@ class XPos(Scheme):
         self.table = angle_table(inv)
 
     def prepare(self, pos):
-        cos_sin = self.table(pos)  # (T, 2, D/2)
+        cos_sin = self.table(pos, self.position_bound)  # (T, 2, D/2)
         centre = (pos.min() + pos.max()) // 2
         zeta = xpos_zeta(self.head_dim).to(pos.device)
         scale = zeta ** ((pos - centre).double()[:, None] / self.p["gamma"])  # (T, D/2)

@@ -7,6 +7,16 @@ from typing import Callable
 import torch
 
 
+def position_count(pos: torch.Tensor, bound: int | None = None) -> int:
+    """max(pos) + 1. Reading it waits for the device, and inside torch.compile it splits the graph
+    in two; there the count is `bound` when one is given: a compiled training forward reads the
+    bound its run reserved (Transformer.reserve_positions, every training position below it),
+    which checked limits and grew tables to it beforehand, eagerly."""
+    if bound is not None and torch.compiler.is_compiling():
+        return bound
+    return int(pos.max()) + 1
+
+
 class GrowingTable:
     """Rows for positions 0..n-1 from ``build(n, device)``, rebuilt larger when a position past the
     end arrives. ``build`` must compute row k independently of n, so a table grown to 2T and then
@@ -16,8 +26,8 @@ class GrowingTable:
         self.build = build
         self.table: torch.Tensor | None = None
 
-    def __call__(self, pos: torch.Tensor) -> torch.Tensor:
-        need = int(pos.max()) + 1
+    def __call__(self, pos: torch.Tensor, bound: int | None = None) -> torch.Tensor:
+        need = position_count(pos, bound)
         t = self.table
         if t is None or t.shape[0] < need or t.device != pos.device:
             size = max(need, 2 * t.shape[0] if t is not None else 0)

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The GPU checks of README "On a GPU", in four parts, each sized for one command of about ten
+# minutes on one H100 (part standard: two schemes a call). Run from the repository root, with
+# posbench importable (installed, or PYTHONPATH set to the root on a machine with no package index):
+#
+#   bash scripts/gpu_session.sh check    OUT   # environment; the CUDA, compile and flex tests
+#   bash scripts/gpu_session.sh speed    OUT   # posbench speed, bfloat16, 10 schemes, 1024-16384
+#   bash scripts/gpu_session.sh train    OUT   # the quick task compiled and eager, recompiles logged
+#   bash scripts/gpu_session.sh standard OUT [SCHEMES]   # the standard task, seed 0 (none,rope)
+#
+# Each part writes a log and one tar.gz of its results into OUT (a few files: what a remote
+# command can hand back) and prints the tables. SMOKE=1 runs every part on CPU at toy sizes: it
+# checks the commands, not the GPU.
+set -euo pipefail
+part="${1:?part: check | speed | train | standard}"
+out="${2:?output folder}"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+work="$out/$part"
+mkdir -p "$work"
+exec > >(tee "$out/$part.log") 2>&1
+export PYTHONUNBUFFERED=1
+pb() { python3 -m posbench "$@"; }
+
+smoke="${SMOKE:-0}"
+if [ "$smoke" = 1 ]; then
+    device=cpu dtype=float32 lengths=128,256 repeats=2
+else
+    device=cuda dtype=bfloat16 lengths=1024,2048,4096,8192,16384 repeats=20
+fi
+speed_schemes="none,rope,alibi,t5,kerple,fire,fox,stickbreaking,rope@w,rnope-swa"
+
+# A task file made from a shipped one with some [section] keys replaced (smoke sizes).
+shrink() {  # shrink SRC DST key=value ...
+    python3 - "$@" <<'EOF'
+import re, sys
+src, dst, *pairs = sys.argv[1:]
+text = open(src).read()
+for pair in pairs:
+    key, value = pair.split("=", 1)
+    text, n = re.subn(rf"(?m)^{key}\s*=.*$", f"{key} = {value}", text, count=1)
+    assert n == 1, key
+open(dst, "w").write(text)
+EOF
+}
+
+pack() { tar -czf "$out/$part.tar.gz" -C "$work" --exclude='*.safetensors' --exclude='*.pt' . ; }
+
+start=$(date +%s)
+case "$part" in
+check)
+    python3 - <<'EOF'
+import platform, torch
+print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda)
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print("device", p.name, f"{p.total_memory / 2**30:.0f} GiB", p.multi_processor_count, "SMs")
+EOF
+    command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+    # The tests that skip or shrink without a GPU first, then the whole suite.
+    python3 -m pytest -q -p no:cacheprovider -k "cuda or compile or flex" --junitxml="$work/gpu-tests.xml" || true
+    python3 -m pytest -q -p no:cacheprovider -x --junitxml="$work/all-tests.xml" -m "not slurm" || true
+    ;;
+speed)
+    # The standard task's settings (batch 1, 8 heads of 64; rope@w's window is train_len / 4).
+    pb speed --device "$device" --dtype "$dtype" --schemes "$speed_schemes" --lengths "$lengths" \
+        --repeats "$repeats" --task standard --out "$work"
+    ;;
+train)
+    task=quick
+    if [ "$smoke" = 1 ]; then
+        shrink tasks/quick.toml "$work/quick-smoke.toml" steps=6 eval_interval=3 checkpoint_interval=3 \
+            tokens=2048 batch_tokens=2048 lengths='[64, 128]'
+        task="$work/quick-smoke.toml"
+    fi
+    for mode in on off; do
+        TORCH_LOGS=recompiles pb run "$task" --device "$device" --compile "$mode" --no-speed \
+            --schemes none,rope,alibi,t5 --out "$work/compile-$mode" 2>&1 | tee "$work/compile-$mode.log"
+    done
+    echo "recompilations logged (compile on): $(grep -ci 'recompil' "$work/compile-on.log" || true)"
+    python3 - "$work" <<'EOF'
+import csv, sys
+from pathlib import Path
+work = Path(sys.argv[1])
+for mode in ("on", "off"):
+    for row in csv.DictReader(open(work / f"compile-{mode}" / "runs.csv")):
+        print(mode, row["scheme"], "compile", row["compile"], "backend", row.get("backend", ""),
+              "tokens/s", row.get("tokens_per_second", ""), "mfu", row.get("mfu", ""),
+              "final train loss", row["final_train_loss"], "val loss", row["final_val_loss"])
+EOF
+    ;;
+standard)
+    schemes="${3:-none,rope}"
+    task=standard
+    if [ "$smoke" = 1 ]; then
+        shrink tasks/standard.toml "$work/standard-smoke.toml" steps=4 eval_interval=2 \
+            checkpoint_interval=2 d_model=64 n_layers=2 batch_size=2 vocab_size=512 tokens=2048 \
+            batch_tokens=2048 lengths='[512, 1024]'
+        task="$work/standard-smoke.toml"
+    fi
+    pb run "$task" --device "$device" --seeds 0 --schemes "$schemes" --no-speed --resume --out "$work/standard"
+    ;;
+*)
+    echo "unknown part: $part (check | speed | train | standard)" >&2
+    exit 2
+    ;;
+esac
+pack
+echo "part $part: $(( $(date +%s) - start )) s; results in $out/$part.tar.gz"
