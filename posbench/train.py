@@ -562,11 +562,14 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
     def forward_backward(batch: batches.Batch) -> float:
         with autocast(dev, t.dtype):
             loss = batches.masked_mean(net(batch.tokens, batch.positions, targets=batch.targets), batch.mask)
-        value = ddp.mean(loss).item()
-        if not math.isfinite(value):
-            fail(f"loss became {value} at step {step}")
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        # Read once the backward is queued: on a GPU, reading between forward and backward would
+        # leave the device idle while the backward launches. The weights are not yet stepped, so a
+        # non-finite loss still fails with the checkpoint of the step before.
+        value = ddp.mean(loss.detach()).item()
+        if not math.isfinite(value):
+            fail(f"loss became {value} at step {step}")
         return value
 
     model.train()

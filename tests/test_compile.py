@@ -105,3 +105,26 @@ def test_every_batch_position_is_below_its_source_bound(tiny_data):
             seen = max(seen, T if pos is None else int(pos.max()) + 1)
         assert T <= seen <= source.bound
     assert seen > 2 * T  # PoSE reaches past the window
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "fire", "fox", "stickbreaking", "rope@w", "rnope-swa"])
+def test_compiled_flex_forward_is_one_graph(name):
+    """The FlexAttention path that CUDA takes (score_mod, gates, a window's BlockMask), traced
+    forward on CPU, where FlexAttention has no backward: one graph, as on the SDPA paths."""
+    import warnings
+
+    from posbench.model import ModelConfig, Transformer
+    from posbench.schemes import Dims
+
+    depth = max(2, len(layout.parse(name).pattern))
+    dims = Dims(d_model=64, n_heads=4, n_layers=depth, vocab_size=50, train_len=64, max_position=64)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(50, 64, depth, 4), layout.build(name, dims)).train()
+    model.backend = "flex"  # head dim 16: FlexAttention's smallest
+    model.reserve_positions(BOUND, 64)
+    x = torch.randint(0, 50, (2, 64))
+    torch._dynamo.reset()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager FlexAttention on CPU warns that it is unfused
+        explained = torch._dynamo.explain(model)(x, None, x)
+    assert explained.graph_break_count == 0, [r.reason.splitlines()[0] for r in explained.break_reasons]
