@@ -107,8 +107,10 @@ class AttnContext:
 
     pos: torch.Tensor  # (T,)
     backend: str
+    # No default: torch 2.11's compiler cannot take a Span from the __init__ defaults (a graph
+    # break in every compiled forward).
+    span: Span
     shared: Any = None  # scheme.prepare(pos)
-    span: Span = FULL
     bias: torch.Tensor | None = None  # (H, T, T), the explicit path's materialized bias
     # sdpa-bias: (H, T, T) float32, bias with -inf outside the span (a gate without a bias:
     # (T, T) bool, True inside the span); sdpa-mask: (T, T) bool; explicit: (T, T) bool, True
