@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The GPU checks of README "On a GPU", in four parts, each sized for one command of about ten
-# minutes on one H100 (part standard: two schemes a call). Run from the repository root, with
+# The GPU checks of README "On a GPU", in four parts, each meant to end within ten minutes on one
+# GPU (an estimate: none has been timed on one yet; speed takes LENGTHS and standard SCHEMES to
+# split a part over calls). Run from the repository root, with
 # posbench importable (installed, or PYTHONPATH set to the root on a machine with no package index):
 #
 #   bash scripts/gpu_session.sh check    OUT   # environment; the CUDA, compile and flex tests
-#   bash scripts/gpu_session.sh speed    OUT   # posbench speed, bfloat16, 10 schemes, 1024-16384
+#   bash scripts/gpu_session.sh speed    OUT [LENGTHS]   # posbench speed, bfloat16, 10 schemes,
+#                                                       # 1024-16384 (or LENGTHS, e.g. 8192,16384)
 #   bash scripts/gpu_session.sh train    OUT   # the quick task compiled and eager, recompiles logged
 #   bash scripts/gpu_session.sh standard OUT [SCHEMES]   # the standard task, seed 0 (none,rope)
 #
@@ -70,6 +72,8 @@ EOF
     ;;
 speed)
     # The standard task's settings (batch 1, 8 heads of 64; rope@w's window is train_len / 4).
+    # FlexAttention compiles once per scheme, length and pass: LENGTHS splits the table over calls.
+    lengths="${3:-$lengths}"
     pb speed --device "$device" --dtype "$dtype" --schemes "$speed_schemes" --lengths "$lengths" \
         --repeats "$repeats" --task standard --out "$work"
     ;;
