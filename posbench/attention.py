@@ -136,16 +136,21 @@ class AttnContext:
 FLEX_RECOMPILE_LIMIT = 256
 
 
+def _flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return flex_attention
+
+
 @functools.cache
 def _compiled_flex():
     import torch._dynamo.config
-    from torch.nn.attention.flex_attention import flex_attention
 
     dynamo = torch._dynamo.config
     dynamo.recompile_limit = max(dynamo.recompile_limit, FLEX_RECOMPILE_LIMIT)
     dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit,
                                              FLEX_RECOMPILE_LIMIT)
-    return torch.compile(flex_attention, dynamic=False)
+    return torch.compile(_flex(), dynamic=False)
 
 
 @functools.lru_cache(maxsize=16)
@@ -223,9 +228,11 @@ def attend(q, k, v, scheme, ctx: AttnContext, layer: int,
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     if backend == "flex":
         score_mod = ctx.score_mod if gate is None else gated_score_mod(gate, ctx.score_mod)
-        return _compiled_flex()(
-            q, k, v, score_mod=score_mod, block_mask=ctx.block_mask, scale=scale
-        )
+        # Inside a compiled model (training) FlexAttention compiles with the graph around it;
+        # a nested torch.compile would set compiler config from inside the trace (a graph break
+        # in torch 2.15) and trace the cache wrapper of _compiled_flex anew.
+        flex = _flex() if torch.compiler.is_compiling() else _compiled_flex()
+        return flex(q, k, v, score_mod=score_mod, block_mask=ctx.block_mask, scale=scale)
     return explicit_attention(q, k, v, scheme, ctx, layer, gate, content)
 
 

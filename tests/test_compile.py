@@ -128,3 +128,32 @@ def test_compiled_flex_forward_is_one_graph(name):
         warnings.simplefilter("ignore")  # eager FlexAttention on CPU warns that it is unfused
         explained = torch._dynamo.explain(model)(x, None, x)
     assert explained.graph_break_count == 0, [r.reason.splitlines()[0] for r in explained.break_reasons]
+
+
+@pytest.mark.parametrize("name", ["alibi", "fox", "rnope-swa"])
+def test_flex_traces_inside_the_compiled_model(name):
+    """In a compiled model FlexAttention is traced with the graph around it (no nested
+    torch.compile, which set compiler config inside the trace: a graph break in torch 2.15) and
+    gives the explicit path's output. aot_eager: AOT autograd's graph run eagerly, since
+    inductor's CPU FlexAttention kernel does not lower inside a larger graph (on CUDA the Triton
+    kernel does; tests/test_train.py trains so there)."""
+    import warnings
+
+    from posbench.model import ModelConfig, Transformer
+    from posbench.schemes import Dims
+
+    depth = max(2, len(layout.parse(name).pattern))
+    dims = Dims(d_model=64, n_heads=4, n_layers=depth, vocab_size=50, train_len=64, max_position=64)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(50, 64, depth, 4), layout.build(name, dims)).eval()
+    model.reserve_positions(64, 64)
+    x = torch.randint(0, 50, (2, 64))
+    torch._dynamo.reset()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager FlexAttention on CPU warns that it is unfused
+        model.backend = "explicit"
+        want = model(x, None, x)
+        model.backend = "flex"
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            got = torch.compile(model, backend="aot_eager", dynamic=False, fullgraph=True)(x, None, x)
+    assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
