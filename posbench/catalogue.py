@@ -4,7 +4,7 @@ layout presets, built on the same reference model."""
 
 from __future__ import annotations
 
-from posbench import layout
+from posbench import layout, plugins
 from posbench.schemes import SCHEMES, Dims, get_scheme
 
 REFERENCE_DIMS = Dims(d_model=128, n_heads=4, n_layers=4, vocab_size=2048, train_len=64, max_position=64)
@@ -23,6 +23,7 @@ def catalogue() -> list[dict[str, str]]:
             "parameters": scheme.describe() or "-",
             "reference": cls.reference,
             "notes": cls.notes,
+            "source": plugins.describe(cls),
         })
     for name, (spec, reference, notes) in layout.PRESETS.items():
         built = layout.build(name, REFERENCE_DIMS)
@@ -36,6 +37,7 @@ def catalogue() -> list[dict[str, str]]:
             "parameters": f"{spec} = {built.spec} at train_len {REFERENCE_DIMS.train_len}",
             "reference": reference,
             "notes": notes,
+            "source": "built-in",
         })
     return rows
 

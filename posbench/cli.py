@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from posbench import config
+from posbench import config, plugins
 from posbench.errors import Interrupted, PosbenchError, did_you_mean
 from posbench.schemes.rotary import SCALINGS
 
@@ -31,7 +31,9 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="Train tiny language models that differ only in their positional encoding; measure "
-    "how each extrapolates past its training length and what its attention costs.",
+    "how each extrapolates past its training length and what its attention costs.\n\n"
+    "Every command also takes --plugin FILE_OR_MODULE (repeatable: schemes and probes of your own) "
+    "and --debug (a traceback instead of one line; or POSBENCH_DEBUG=1).",
 )
 ROPE_SCALING_HELP = f"comma-separated: {','.join(SCALINGS)}"
 TRACKER_HELP = "none | tensorboard | wandb: training curves there too (default: the task's, none)"
@@ -510,11 +512,11 @@ def probe(
 
     if list_:
         table = Table(title="posbench probes (data spec: NAME[:key=value,...])", show_lines=True)
-        for col in ("name", "what it asks", "default settings", "reference"):
+        for col in ("name", "what it asks", "default settings", "reference", "source"):
             table.add_column(col, overflow="fold")
         for name in sorted(PROBES):
             p = parse_probe(name)
-            table.add_row(name, p.summary, p.settings(), p.reference)
+            table.add_row(name, p.summary, p.settings(), p.reference, plugins.describe(PROBES[name]))
         console.print(table)
         return
     names = _split(probe)
@@ -558,11 +560,51 @@ def _scheme_names(scheme: list[str] | None) -> tuple[str, ...] | None:
     return tuple(layout.recorded(name) for name in names) if names else names
 
 
+def common_options(argv: list[str]) -> tuple[list[str], list[str], bool]:
+    """The options every command takes, wherever they stand on the line: `--plugin X` (repeatable)
+    and `--debug`. Returns the other arguments, the plug-ins and whether to debug."""
+    rest, found, debug = [], [], False
+    args = iter(argv)
+    for arg in args:
+        if arg == "--":
+            rest += [arg, *args]
+            break
+        if arg == "--plugin":
+            value = next(args, None)
+            if value is None:
+                raise PosbenchError("--plugin needs a file or a module name")
+            found.append(value)
+        elif arg.startswith("--plugin="):
+            found.append(arg.partition("=")[2])
+        elif arg == "--debug":
+            debug = True
+        else:
+            rest.append(arg)
+    return rest, found, debug
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: every user error becomes one line on stderr and exit code 2."""
+    """Entry point: every user error becomes one line on stderr and exit code 2 (a traceback
+    only with --debug or POSBENCH_DEBUG=1)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = os.environ.get("POSBENCH_DEBUG", "") not in ("", "0")
     try:
+        argv, given, flag = common_options(argv)
+        debug = debug or flag
+        plugins.load_installed()
+        plugins.load_command_line(given)
         rv = app(args=argv, standalone_mode=False)
         return rv if isinstance(rv, int) else 0
+    except BaseException:
+        if debug:
+            raise
+        return _one_line(sys.exc_info()[1])
+
+
+def _one_line(e: BaseException) -> int:
+    """The exit code of `e`, said in one line on stderr."""
+    try:
+        raise e
     except Interrupted as e:
         err.print(f"interrupted: {e}", markup=False, highlight=False, soft_wrap=True)
         return 130

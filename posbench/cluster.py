@@ -23,15 +23,18 @@ finished job's record only briefly and without an accounting database not at all
 
 from __future__ import annotations
 
+import json
+import re
 import shlex
 import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from posbench import config
+from posbench import config, plugins
 from posbench.errors import PosbenchError
 from posbench.grid import grid
 
@@ -210,11 +213,41 @@ class Plan:
         into the same folder are removed, so that they cannot speak for this one."""
         self.logs.mkdir(parents=True, exist_ok=True)
         if self.source.resolve() != self.task_file.resolve():  # a rerun from the frozen copy
-            shutil.copyfile(self.source, self.task_file)
+            freeze_task(self.source, self.task_file, plugins.command_line())
         self.array_script.write_text(self.array_text())
         self.merge_script.write_text(self.merge_text())
         for old in self.logs.glob("*.exit"):
             old.unlink()
+
+
+def freeze_task(source: Path, dest: Path, extra_plugins: list[str]) -> None:
+    """Copy task file `source` to `dest` with a frozen copy of each of its plug-in files (and of
+    those given with --plugin) in dest's folder plugins/, so that an edit made while the shards
+    wait in the queue changes nothing of this submission. Module plug-ins stay as names."""
+    text = source.read_text()
+    raw = tomllib.loads(text)
+    specs = [*(str(plugins.resolve(s, source.parent)) for s in raw.get("plugins", [])), *extra_plugins]
+    if not specs:
+        shutil.copyfile(source, dest)
+        return
+    frozen = []
+    for spec in dict.fromkeys(specs):
+        resolved = plugins.resolve(spec)
+        if isinstance(resolved, Path):
+            copy = dest.parent / "plugins" / f"{plugins.sha256_of(resolved)[:12]}-{resolved.name}"
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(resolved, copy)
+            frozen.append(copy.relative_to(dest.parent).as_posix())
+        else:
+            frozen.append(resolved)
+    # One top-level `plugins = [...]` at the head of the file (before any table), the old one gone.
+    body = re.sub(r"^plugins\s*=\s*\[[^\]]*\][ \t]*(#[^\n]*)?$", "", text, count=1, flags=re.M)
+    out = f"plugins = {json.dumps(frozen)}\n{body}"
+    new = tomllib.loads(out)
+    if new.get("plugins") != frozen or {**new, "plugins": None} != {**raw, "plugins": None}:
+        raise PosbenchError(f"{source}: cannot freeze its plugins list; write it on one line as "
+                            "plugins = [\"a.py\", ...]")
+    dest.write_text(out)
 
 
 def plan(task_name: str, shards: int, out: Path | None, resources: Resources, dry_run: bool) -> Plan:

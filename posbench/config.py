@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from posbench import plugins
 from posbench.data import DataConfig
 from posbench.effective import LEARNED, THRESHOLD, TOLERANCE
 from posbench.errors import PosbenchError, did_you_mean
@@ -128,6 +129,7 @@ class ExtendConfig:
 @dataclass(frozen=True)
 class Task:
     name: str = "quick"
+    plugins: tuple[str, ...] = ()  # plug-in files (absolute once read) or module names
     version: int = TASK_VERSION
     description: str = "CPU-sized comparison on the built-in corpus: one scheme in about a minute"
     schemes: tuple[str, ...] = ("none", "sinusoidal", "learned", "rope", "alibi", "t5")
@@ -207,9 +209,19 @@ def _parse(path: Path) -> Task:
         raise PosbenchError(f'{path}: the [passkey] section became [probes]: names = ["passkey"] '
                             "(see README, Probes)")
     try:
+        raw["plugins"] = _load_plugins(raw.get("plugins", []), path)
         return build(Task, raw, where=str(path))
     except PosbenchError as e:
         raise PosbenchError(f"{path}: {e}") from None
+
+
+def _load_plugins(specs: Any, path: Path) -> list[str]:
+    """Load a task's plug-ins (paths relative to the task file) before its scheme names are
+    checked; they are recorded as absolute paths."""
+    if not (isinstance(specs, list) and all(isinstance(x, str) for x in specs)):
+        raise PosbenchError("plugins must be a list of file paths or module names")
+    plugins.load_all(specs, base=path.parent)
+    return [str(plugins.resolve(x, path.parent)) for x in specs]
 
 
 def build(cls, raw: dict[str, Any], where: str = ""):

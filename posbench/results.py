@@ -35,7 +35,7 @@ TABLES: dict[str, dict[str, list[str]]] = {
                     "steps", "stopped_at", "tokens", "n_params", "final_train_loss", "final_val_loss", "final_val_accuracy",
                     "unigram_val_loss", "train_seconds", "tokens_per_second",
                     "model_flops_per_second", "mfu", "backend", "compile", "status",
-                    "message", "parent_run", "extend_method", "extend_len", "extend_steps"] + PROVENANCE,
+                    "message", "parent_run", "extend_method", "extend_len", "extend_steps", "plugins"] + PROVENANCE,
     },
     "extrapolation": {
         "key": ["run_id", "eval_len", "mode", "stride", "scaling", "extension"],
@@ -88,7 +88,8 @@ TABLES: dict[str, dict[str, list[str]]] = {
 # the others, without which its rows mean nothing (a merge of such a file would add junk rows).
 EXTENSION = {"parent_run", "extend_method", "extend_len", "extend_steps"}  # posbench.extension's columns
 ADDED_LATER: dict[str, set[str]] = {
-    "runs": {"model_flops_per_second", "mfu", "compile", "stopped_at", "final_val_accuracy", *EXTENSION},
+    "runs": {"model_flops_per_second", "mfu", "compile", "stopped_at", "final_val_accuracy", "plugins",
+             *EXTENSION},
     "extrapolation": {"position_draws", "loss_se", "ppl_lo", "ppl_hi", *EXTENSION},
     "windows": {"params", "position_draws", *EXTENSION},
     "positions": {"train_len"},

@@ -18,12 +18,13 @@ from typing import Any
 
 import torch
 
-from posbench import batches, flops, layout, results, trackers
+from posbench import batches, flops, layout, plugins, results, trackers
 from posbench.config import TrainConfig, build, stable_hash
 from posbench.data import DataConfig, TokenData, check_probe_corpus, is_probe, load_tokens, probe_corpus, unigram_loss
 from posbench.errors import PosbenchError, RunFailed, on_interrupt
 from posbench.extension import Extension, columns as extension_columns
 from posbench.model import ModelConfig, Transformer
+from posbench.probes import PROBES, probe_name
 from posbench.schemes import Dims, get_scheme
 from posbench.schemes.base import Scheme, coerce_params, identity_params
 
@@ -86,7 +87,18 @@ class RunSpec:
             out["layout"] = str(lay)
         if self.extension is not None:  # likewise a run trained from scratch
             out["extension"] = self.extension.identity()
+        sources = self.plugin_sources()
+        if sources:  # a run of built-ins keeps its run_id; a plug-in's bytes name the run
+            out["plugins"] = sorted({s.sha256 for s in sources})
         return out
+
+    def plugin_sources(self) -> list[plugins.Source]:
+        """The plug-ins whose classes this run uses (its schemes' and its probe's)."""
+        classes = [get_scheme(layer.scheme) for layer in layout.parse(self.scheme).pattern]
+        if is_probe(self.data):
+            classes.append(PROBES[probe_name(self.data.spec)])
+        found = {s.path: s for s in map(plugins.source_of, classes) if s is not None}
+        return [found[k] for k in sorted(found)]
 
     @property
     def run_id(self) -> str:
@@ -95,8 +107,11 @@ class RunSpec:
     def to_json(self) -> dict[str, Any]:
         identity = self.identity()
         identity.pop("layout", None)  # derived from scheme and train_len
+        identity.pop("plugins", None)  # recorded with their files below
+        sources = self.plugin_sources()
         return {"run_id": self.run_id, "task": self.task, **identity,
                 "train": dataclasses.asdict(self.train),
+                **({"plugins": [s.record() for s in sources]} if sources else {}),
                 **({"extension": dataclasses.asdict(self.extension)} if self.extension is not None else {})}
 
     @classmethod
@@ -364,6 +379,13 @@ def load_spec(run_dir: Path) -> tuple[RunSpec, dict]:
     run_dir = Path(run_dir)
     try:
         raw = json.loads((run_dir / "config.json").read_text())
+        recorded = raw.get("plugins") or []
+        if not (isinstance(recorded, list) and all(isinstance(p, dict) for p in recorded)):
+            raise TypeError("plugins must be a list of {path, sha256}")
+    except (OSError, ValueError, AttributeError, TypeError) as e:
+        raise PosbenchError(f"unreadable run config in {run_dir}: {e}") from None
+    check_plugins(raw, run_dir)
+    try:
         spec = RunSpec.from_json(raw)
         vocab = raw["vocab_size"]
         if type(vocab) is not int or vocab < 1:
@@ -371,6 +393,19 @@ def load_spec(run_dir: Path) -> tuple[RunSpec, dict]:
     except (OSError, ValueError, KeyError, TypeError, PosbenchError) as e:
         raise PosbenchError(f"unreadable run config in {run_dir}: {e}") from None
     return spec, raw
+
+
+def check_plugins(raw: dict[str, Any], run_dir: Path) -> None:
+    """A run trained with plug-ins is read only with the very files it was trained with."""
+    loaded = plugins.loaded()
+    for entry in raw.get("plugins") or []:
+        path, sha = str(entry.get("path", "")), str(entry.get("sha256", ""))
+        if sha in {s.sha256 for s in loaded}:
+            continue
+        same_file = [s for s in loaded if s.path == path]
+        now = f"; the loaded {path} has sha256 {same_file[0].sha256[:12]} (edited since)" if same_file else ""
+        raise PosbenchError(f"run {raw.get('run_id', run_dir.name)} needs plugin {path} with sha256 {sha[:12]}"
+                            f"{now}: pass that file with --plugin (or list it in the task's plugins)")
 
 
 def load_trained(run_dir: Path, device="cpu") -> tuple[RunSpec, Transformer, int]:
@@ -540,6 +575,7 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
         "randomized": t.randomize_positions, "steps": t.steps,
         "n_params": sum(p.numel() for p in model.parameters()), "backend": backend,
         "compile": net.status, **extension_columns(spec.extension),
+        "plugins": ";".join(f"{s.path}@{s.sha256[:12]}" for s in spec.plugin_sources()),
         **results.provenance(dev.type, t.dtype, fingerprint),
     }
 

@@ -9,10 +9,11 @@ module of this package is imported here, so a new probe needs only its class (de
 import importlib
 import pkgutil
 
-from posbench.probes.base import (PROBES, Answer, Example, Fill, Probe, Text, parse_probe, probe_name)
+from posbench.probes.base import (PROBES, Answer, Example, Fill, Probe, Text, parse_probe, probe_name, register)
 from posbench.probes.symbols import TOKENIZER
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["PROBES", "TOKENIZER", "Answer", "Example", "Fill", "Probe", "Text", "parse_probe", "probe_name"]
+__all__ = ["PROBES", "TOKENIZER", "Answer", "Example", "Fill", "Probe", "Text", "parse_probe", "probe_name",
+           "register"]

@@ -18,6 +18,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from posbench import plugins
 from posbench.errors import PosbenchError, did_you_mean
 from posbench.probes.symbols import FILLER, TOKENIZER
 
@@ -223,8 +224,20 @@ PROBES: dict[str, type[Probe]] = {}
 
 
 def register(cls: type[Probe]) -> type[Probe]:
-    assert cls.name not in PROBES, f"probe {cls.name} registered twice"
-    PROBES[cls.name] = cls
+    """Class decorator: add a probe to the registry under `cls.name` (built-ins and plug-ins)."""
+    name = cls.__dict__.get("name")
+    if not isinstance(name, str) or not name.strip() or any(c in name for c in ",: "):
+        raise PosbenchError(f"probe class {cls.__name__} needs a `name`: a string without , : or spaces")
+    if not (isinstance(cls, type) and issubclass(cls, Probe)):
+        raise PosbenchError(f"probe {name!r} must subclass posbench.probes.Probe")
+    for attr in ("summary", "reference"):
+        if not isinstance(getattr(cls, attr, None), str):
+            raise PosbenchError(f"probe {name!r} has no `{attr}` (a string)")
+    if name in PROBES:
+        raise PosbenchError(f"probe {name!r} clashes with the probe of that name from {plugins.describe(PROBES[name])}")
+    cls.plugin_source = plugins.loading()
+    PROBES[name] = cls
+    plugins.registered(lambda: PROBES.pop(name, None))
     return cls
 
 
