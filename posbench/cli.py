@@ -70,6 +70,27 @@ def schemes(fmt: Format = typer.Option(Format.table, "--format", help="table, cs
         console.print(table)
 
 
+@app.command("check")
+def check_cmd(
+    scheme: str = typer.Argument(..., help="a scheme, preset or layout spec (a plug-in's with --plugin)"),
+    param: Optional[List[str]] = typer.Option(None, help="scheme parameter KEY=VALUE (repeatable)"),
+    skip: Optional[str] = typer.Option(None, help="properties to leave out, comma-separated (e.g. cost)"),
+) -> int:
+    """Conformance report of a scheme: causality on every path, claimed translation invariance,
+    behaviour past the training length, paths agreeing, batch independence, determinism,
+    save/load, gradients, bfloat16, one compiled graph, cost. Exit 1 on any fail."""
+    from posbench.check import check
+
+    findings = check(scheme, config.parse_params(param), skip=_split(skip) or ())
+    styles = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+    for f in findings:
+        console.print(f"[{styles[f.status]}]{f.status:4}[/] {f.prop:21} {escape(f.detail)}", soft_wrap=True)
+    failed = [f.prop for f in findings if f.status == "fail"]
+    console.print(f"{scheme}: {len(findings) - len(failed)} of {len(findings)} properties without a fail"
+                  + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
 def _task_with_overrides(task_name, data, train_len, steps, batch_size, d_model, layers, heads,
                          lr, randomize, dtype, tokenizer, vocab_size, compile_) -> config.Task:
     task = config.load_task(task_name)

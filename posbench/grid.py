@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from posbench import layout, results
+from posbench import layout, plugins, results
 from posbench.config import Task
 from posbench.data import cached_tokens, is_probe
 from posbench.errors import PosbenchError, RunFailed, on_interrupt
@@ -238,6 +238,7 @@ def write_provenance(task: Task, out: Path, shard: tuple[int, int]) -> None:
         "command": " ".join(["posbench", *sys.argv[1:]]) if sys.argv else "",
         "shard": f"{shard[0]}/{shard[1]}",
         "task_config": json.loads(json.dumps(dataclasses.asdict(task), default=str)),
+        "plugins": [source.record() for source in plugins.loaded()],
         **results.provenance("", ""),
     }
     prov.pop("device"), prov.pop("dtype"), prov.pop("corpus")

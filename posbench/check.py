@@ -1,0 +1,285 @@
+"""`posbench check`: the conformance report of a scheme, preset or layout (a plug-in's above all).
+
+Each property builds a small model with the scheme (2 layers, d_model 32, 2 heads of 16: the
+smallest FlexAttention takes) at training length 16 and answers pass, warn or fail:
+
+- causality: outputs before position t do not change when token t does, on every attention path
+  the scheme can take on this device;
+- translation: with `relative = True`, shifting every position by a constant leaves the outputs
+  unchanged; without it, a warn when they are unchanged all the same;
+- past the training length: finite outputs at 16x, or the scheme's own PositionLimitError;
+- paths agree: the scheme's fast path and the explicit path give the same outputs;
+- batch independence, determinism (same seed, same bits), save/load round trip, gradients
+  reaching every parameter of the scheme, a finite bfloat16 forward;
+- one compiled graph (torch._dynamo.explain), a warn naming the break otherwise;
+- cost: forward+backward time at two lengths as ratios to `none` and `rope`, medians of the same
+  run (a warn above 10x rope at the longer length: it is a reading, not a rule).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from safetensors.torch import load, save
+
+from posbench import layout
+from posbench.errors import PosbenchError
+from posbench.model import ModelConfig, Transformer
+from posbench.schemes import Dims, PositionLimitError
+
+T = 16  # the training length of the checks
+VOCAB = 64
+EXTRAPOLATION = 16  # x the training length
+ATOL = 1e-5  # float32 noise of two computations of one output
+SHIFT_ATOL = 1e-6  # a relative scheme's outputs under a shift (see tests/test_scheme_properties.py)
+COST_LENGTHS = (128, 512)
+PROPERTIES = ("causality", "translation", "past training length", "paths agree", "batch independence",
+              "determinism", "save/load", "gradients", "bfloat16", "compiled graph", "cost")
+
+
+@dataclass(frozen=True)
+class Finding:
+    prop: str
+    status: str  # pass | warn | fail | skip
+    detail: str = ""
+
+
+def build(name: str, params: dict[str, Any] | None = None, seed: int = 0, d_model: int = 32,
+          n_heads: int = 2, n_layers: int | None = None, train_len: int = T) -> Transformer:
+    """The scheme `name` (scheme, preset or layout spec) on a small model, in eval mode."""
+    lay = layout.parse(name)
+    if params and lay.plain() is None:
+        raise PosbenchError(f"layout {name!r} takes its parameters inside its spec, not as --param")
+    n_layers = n_layers or max(2, len(lay.pattern))
+    torch.manual_seed(seed)
+    dims = Dims(d_model=d_model, n_heads=n_heads, n_layers=n_layers, vocab_size=VOCAB, train_len=train_len,
+                max_position=train_len, params=dict(params or {}))
+    cfg = ModelConfig(vocab_size=VOCAB, d_model=d_model, n_layers=n_layers, n_heads=n_heads)
+    return Transformer(cfg, layout.build(name, dims)).eval()
+
+
+def paths(model: Transformer) -> list[tuple[str, str | None]]:
+    """The attention paths the model can take here, as (label, forced backend): each layer its
+    own (None: the model's choice), and every layer explicit."""
+    own = sorted({model.layout.backend(i, "cpu") for i in range(len(model.blocks))})
+    return [("+".join(own), None)] + ([("explicit", "explicit")] if own != ["explicit"] else [])
+
+
+def _forced(model: Transformer, backend: str | None) -> Transformer:
+    model.backend = backend
+    return model
+
+
+def _tokens(n: int = 2, t: int = T, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (n, t), generator=torch.Generator().manual_seed(seed))
+
+
+def causality(name, params) -> Finding:
+    model = build(name, params)
+    x = _tokens()
+    t = T // 2
+    y = x.clone()
+    y[:, t] = (y[:, t] + 1) % VOCAB
+    leaks = []
+    for label, backend in paths(model):
+        with torch.no_grad():
+            a, b = _forced(model, backend)(x), model(y)
+        if not torch.allclose(a[:, :t], b[:, :t], atol=ATOL):
+            first = int((a[:, :t] - b[:, :t]).abs().amax(dim=(0, 2)).gt(ATOL).nonzero()[0])
+            leaks.append(f"{label}: position {first} changed when token {t} did")
+    if leaks:
+        return Finding("causality", "fail", "; ".join(leaks))
+    return Finding("causality", "pass", f"paths {', '.join(label for label, _ in paths(model))}")
+
+
+def translation(name, params) -> Finding:
+    shift = 2 * T + 5  # past the training length: a scheme that scales there shows it
+    model = build(name, params)
+    if model.layout.position_limit() is not None:  # a table long enough for the shifted positions
+        model = build(name, params, train_len=4 * T)
+    if not model.layout.takes_positions:
+        return Finding("translation", "skip", "the scheme takes no integer positions")
+    claims = layout.relative(layout.parse(name))
+    x, pos = _tokens(), torch.arange(T)
+    with torch.no_grad():
+        a, b = model(x, pos), model(x, pos + shift)
+    equal = torch.allclose(a, b, atol=SHIFT_ATOL)
+    gap = f"max difference {float((a - b).abs().max()):.2g} under a shift of {shift}"
+    if claims and not equal:
+        return Finding("translation", "fail", f"claims relative = True, but {gap}")
+    if not claims and equal:
+        return Finding("translation", "warn", f"behaves relatively ({gap}) without claiming relative = True")
+    return Finding("translation", "pass", ("relative, " if claims else "absolute, ") + gap)
+
+
+def past_training_length(name, params) -> Finding:
+    model = build(name, params)
+    n = EXTRAPOLATION * T
+    limit = model.layout.position_limit()
+    try:
+        with torch.no_grad():
+            out = model(_tokens(1, n))
+    except PositionLimitError as e:
+        if limit is not None and limit < n:
+            return Finding("past training length", "pass", f"refuses past its limit of {limit}: {e}")
+        return Finding("past training length", "fail", f"PositionLimitError below its declared limit {limit}: {e}")
+    if limit is not None and limit < n:
+        return Finding("past training length", "fail", f"declares a limit of {limit} but ran at {n} positions")
+    bad = ~torch.isfinite(out)
+    if bad.any():
+        first = int(bad.any(dim=(0, 2)).nonzero()[0])
+        return Finding("past training length", "fail", f"non-finite outputs at {n} positions, first at position {first}")
+    return Finding("past training length", "pass", f"finite at {n} positions ({EXTRAPOLATION}x)")
+
+
+def paths_agree(name, params) -> Finding:
+    model = build(name, params)
+    found = paths(model)
+    if len(found) == 1:
+        return Finding("paths agree", "skip", "one path: explicit")
+    x = _tokens()
+    with torch.no_grad():
+        ref = _forced(model, "explicit")(x)
+        gap = float((_forced(model, None)(x) - ref).abs().max())
+    return Finding("paths agree", "fail" if gap > ATOL else "pass", f"{found[0][0]} vs explicit {gap:.1e}")
+
+
+def batch_independence(name, params) -> Finding:
+    model = build(name, params)
+    x = _tokens(3)
+    with torch.no_grad():
+        together, alone = model(x)[1], model(x[1:2])[0]
+    gap = float((together - alone).abs().max())
+    return Finding("batch independence", "pass" if gap <= ATOL else "fail", f"max difference {gap:.1e}")
+
+
+def determinism(name, params) -> Finding:
+    a, b = build(name, params, seed=3), build(name, params, seed=3)
+    x = _tokens()
+    same_weights = all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
+    with torch.no_grad():
+        same_out = torch.equal(a(x), b(x)) and torch.equal(a(x), a(x))
+    ok = same_weights and same_out
+    return Finding("determinism", "pass" if ok else "fail",
+                   "same seed, same bits" if ok else f"weights equal: {same_weights}, outputs equal: {same_out}")
+
+
+def save_load(name, params) -> Finding:
+    model = build(name, params, seed=4)
+    x = _tokens()
+    limit = model.layout.position_limit()
+    with torch.no_grad():
+        model(_tokens(1, min(2 * T, limit or 2 * T)))  # grow any table first, as a run does before it saves
+        before = model(x)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    fresh = build(name, params, seed=5)
+    try:
+        fresh.load_state_dict(load(save(state)))
+    except RuntimeError as e:
+        return Finding("save/load", "fail", str(e).splitlines()[0])
+    with torch.no_grad():
+        after = fresh(x)
+    ok = torch.equal(before, after)
+    return Finding("save/load", "pass" if ok else "fail",
+                   "safetensors round trip, same outputs" if ok else "outputs differ after loading")
+
+
+def gradients(name, params) -> Finding:
+    """Every learned parameter of the scheme gets a gradient within two steps (one step may not
+    reach a parameter behind a zero-initialized one)."""
+    model = build(name, params).train()
+    named = [(n, p) for n, p in model.layout.named_parameters() if p.requires_grad]
+    if not named:
+        return Finding("gradients", "skip", "no learned parameters")
+    x = _tokens()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    reached: set[str] = set()
+    for _ in range(2):
+        opt.zero_grad()
+        loss = model(x, targets=torch.roll(x, -1, 1)).mean()
+        loss.backward()
+        if not torch.isfinite(loss):
+            return Finding("gradients", "fail", "non-finite loss")
+        reached |= {n for n, p in named if p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum()}
+        opt.step()
+    dead = [n for n, _ in named if n not in reached]
+    if dead:
+        return Finding("gradients", "fail", f"no gradient reaches {', '.join(dead)}")
+    return Finding("gradients", "pass", f"{len(named)} parameter tensors get gradients")
+
+
+def bfloat16(name, params) -> Finding:
+    model = build(name, params)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(_tokens())
+    ok = bool(torch.isfinite(out).all())
+    return Finding("bfloat16", "pass" if ok else "fail", "finite under bfloat16 autocast" if ok else "non-finite outputs")
+
+
+def compiled_graph(name, params) -> Finding:
+    import torch._dynamo
+
+    model = build(name, params).train()
+    x = _tokens(2, T)
+    model.reserve_positions(T, T)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(x, None, torch.roll(x, -1, 1))
+    torch._dynamo.reset()
+    if explained.graph_count == 1 and explained.graph_break_count == 0:
+        return Finding("compiled graph", "pass", "one graph, no break")
+    reasons = "; ".join(dict.fromkeys(str(b.reason).splitlines()[0] for b in explained.break_reasons))
+    return Finding("compiled graph", "warn", f"{explained.graph_count} graphs: {reasons[:300]}")
+
+
+def cost(name, params, repeats: int = 5) -> Finding:
+    """Forward+backward seconds at each length, the medians as ratios to none and rope, measured
+    interleaved in this run."""
+    def step_time(model, t):
+        x = _tokens(2, t)
+        times = []
+        for _ in range(repeats + 1):
+            model.zero_grad(set_to_none=True)
+            began = time.perf_counter()
+            model(x, targets=x).mean().backward()
+            times.append(time.perf_counter() - began)
+        return statistics.median(times[1:])
+
+    models = {n: build(n, params if n == name else None, d_model=64, n_heads=4, n_layers=2,
+                       train_len=COST_LENGTHS[0]).train() for n in dict.fromkeys([name, "none", "rope"])}
+    ratios = []
+    for t in COST_LENGTHS:
+        times = {n: step_time(m, t) for n, m in models.items()}
+        ratios.append((t, times[name] / times["none"], times[name] / times["rope"]))
+    text = "; ".join(f"{t} tokens: {a:.2f}x none, {b:.2f}x rope" for t, a, b in ratios)
+    return Finding("cost", "warn" if ratios[-1][2] > 10 else "pass", text)
+
+
+CHECKS: dict[str, Callable[[str, dict], Finding]] = {
+    "causality": causality, "translation": translation, "past training length": past_training_length,
+    "paths agree": paths_agree, "batch independence": batch_independence, "determinism": determinism,
+    "save/load": save_load, "gradients": gradients, "bfloat16": bfloat16, "compiled graph": compiled_graph,
+    "cost": cost,
+}
+
+
+def check(name: str, params: dict[str, Any] | None = None, skip: tuple[str, ...] = ()) -> list[Finding]:
+    """Every property of `name` but those in `skip`. A property that raises is a fail naming the
+    error: a check must never stop at the first broken scheme."""
+    unknown = set(skip) - set(CHECKS)
+    if unknown:
+        raise PosbenchError(f"unknown properties to skip: {', '.join(sorted(unknown))} (of {', '.join(CHECKS)})")
+    build(name, params)  # an unknown scheme or a bad parameter: one line before anything runs
+    out = []
+    for prop, fn in CHECKS.items():
+        if prop in skip:
+            continue
+        try:
+            out.append(fn(name, params))
+        except Exception as e:  # the scheme's own code failed: that is the finding
+            last = str(e).strip().splitlines()[-1] if str(e).strip() else ""
+            out.append(Finding(prop, "fail", f"{type(e).__name__}: {last}"[:300]))
+    return out

@@ -1,0 +1,241 @@
+"""Plug-ins: a scheme or probe of the user's own, from a file, a module or an installed
+distribution; its bytes name its runs; bad ones are one line; `posbench check` judges it."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY_TASK
+from posbench import plugins, results
+from posbench.check import check
+from posbench.cli import main
+from posbench.probes import PROBES
+from posbench.schemes import SCHEMES
+
+GOOD = '''
+import torch
+from posbench.schemes import Scheme, register
+
+
+@register
+class LearnedSlopes(Scheme):
+    """A distance penalty with one learned slope per head."""
+    name = "{name}"
+    family = "bias"
+    hooks = ("bias",)
+    relative = True
+    reference = "a test"
+    defaults = {{"scale": 0.5}}
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        self.slope = torch.nn.Parameter(torch.full((dims.n_heads,), self.p["scale"]))
+
+    def bias_fn(self, h, qpos, kpos):
+        return -self.slope[h] * (qpos - kpos).clamp(min=0)
+'''
+
+# Planted defects, each for the property that must catch it.
+PEEKS = """
+import torch
+from posbench.schemes import Scheme, register
+
+
+@register
+class Peeks(Scheme):
+    name = "peeks"
+    family = "absolute"
+    hooks = ("input",)
+
+    def embed(self, x, idx, pos):
+        return x + 0.5 * torch.roll(x, -1, dims=1)  # the next token's embedding: a leak
+"""
+FALSE_RELATIVE = GOOD.replace('name = "{name}"', 'name = "falsely-relative"').replace(
+    "return -self.slope[h] * (qpos - kpos).clamp(min=0)",
+    "return -self.slope[h] * (qpos - kpos).clamp(min=0) * (1 + 0.1 * qpos)").replace("{{", "{").replace("}}", "}")
+NAN_PAST = GOOD.replace('name = "{name}"', 'name = "nan-past"').replace(
+    "return -self.slope[h] * (qpos - kpos).clamp(min=0)",
+    "b = -self.slope[h] * (qpos - kpos).clamp(min=0)\n        return torch.where(qpos >= self.dims.train_len, "
+    "torch.full_like(b, float('nan')), b)").replace("{{", "{").replace("}}", "}")
+
+
+@pytest.fixture
+def registry():
+    """Plug-ins register into the process's registries: each test gets them back as they were."""
+    saved = dict(SCHEMES), dict(PROBES), dict(plugins._loaded), list(plugins._command_line)
+    yield
+    for live, old in zip((SCHEMES, PROBES, plugins._loaded), saved):
+        live.clear()
+        live.update(old)
+    plugins._command_line[:] = saved[3]
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_schemes_lists_a_plugin_with_its_source(registry, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "my_pe.py", GOOD.format(name="my-pe"))
+    assert main(["schemes", "--format", "json", "--plugin", "my_pe.py"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["my-pe"]["source"] == str(tmp_path / "my_pe.py")
+    assert rows["rope"]["source"] == "built-in" and rows["my-pe"]["learned_params"] == "4"
+
+
+def test_a_plugin_trains_extrapolates_probes_and_times(registry, tmp_path, corpus_dir, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    plugin = write(tmp_path / "my_pe.py", GOOD.format(name="my-pe"))
+    tiny = ["--train-len", "16", "--steps", "4", "--batch-size", "4", "--d-model", "32", "--layers", "1",
+            "--heads", "2", "--tokenizer", "bytes", "--device", "cpu", "--data", f"files:{corpus_dir}"]
+    assert main(["train", "--plugin", "my_pe.py", "--scheme", "my-pe", *tiny]) == 0
+    run = results.read_rows(tmp_path / "runs" / "runs.csv")[0]
+    assert run["plugins"].startswith(f"{plugin}@") and run["status"] == "ok"
+    config = json.loads((tmp_path / "runs" / run["run_id"] / "config.json").read_text())
+    assert config["plugins"] == [{"path": str(plugin), "sha256": plugins.sha256_of(plugin)}]
+    assert main(["extrapolate", "--plugin", "my_pe.py", "--lengths", "16,32", "--tokens", "64"]) == 0
+    assert {r["eval_len"] for r in results.read_rows(tmp_path / "runs" / "extrapolation.csv")} == {"16", "32"}
+    assert main(["speed", "--plugin", "my_pe.py", "--schemes", "my-pe,rope", "--lengths", "32",
+                 "--batch-size", "1", "--heads", "2", "--head-dim", "8", "--out", "sp"]) == 0
+    assert {r["scheme"] for r in results.read_rows(tmp_path / "sp" / "speed.csv")} >= {"my-pe", "rope"}
+    # A probe run of the plug-in, scored.
+    assert main(["train", "--plugin", "my_pe.py", "--scheme", "my-pe", "--data", "copy", "--train-len", "16",
+                 "--steps", "2", "--batch-size", "4", "--d-model", "16", "--layers", "1", "--heads", "2",
+                 "--runs-dir", "probe-runs"]) == 0
+    assert main(["probe", "--plugin", "my_pe.py", "--probe", "copy", "--runs-dir", "probe-runs",
+                 "--lengths", "16", "--trials", "2"]) == 0
+    assert [r["scheme"] for r in results.read_rows(tmp_path / "probe-runs" / "probes.csv")] == ["my-pe"]
+    capsys.readouterr()
+    # The same run read without its plug-in, or with an edited one: one line naming file and hash.
+    plugins._loaded.clear()
+    SCHEMES.pop("my-pe")
+    assert main(["extrapolate", "--lengths", "16", "--tokens", "64"]) == 2
+    assert f"needs plugin {plugin} with sha256 {plugins.sha256_of(plugin)[:12]}" in capsys.readouterr().err
+    write(plugin, GOOD.format(name="my-pe") + "# edited\n")
+    assert main(["extrapolate", "--plugin", "my_pe.py", "--lengths", "16", "--tokens", "64"]) == 2
+    assert "(edited since)" in capsys.readouterr().err
+    # Training again with the edited file is a new run beside the old one.
+    assert main(["train", "--plugin", "my_pe.py", "--scheme", "my-pe", *tiny]) == 0
+    ids = [r["run_id"] for r in results.read_rows(tmp_path / "runs" / "runs.csv")]
+    assert len(ids) == 2 and ids[0] != ids[1] and all(i.startswith("my-pe-") for i in ids)
+
+
+def test_a_task_with_plugins_runs_sharded_and_resumes(tmp_path, corpus_dir):
+    """In fresh processes, as Slurm shards run: the task's plug-in path is relative to the task."""
+    (tmp_path / "pe").mkdir()
+    write(tmp_path / "pe" / "my_pe.py", GOOD.format(name="my-pe"))
+    task = tmp_path / "pe" / "grid.toml"
+    task.write_text('plugins = ["my_pe.py"]\nschemes = ["my-pe", "alibi"]\n' + TINY_TASK.format(corpus=corpus_dir))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = tmp_path / "out"
+    for shard in ("1/2", "2/2", "1/2"):
+        proc = subprocess.run([sys.executable, "-m", "posbench", "run", str(task), "--shard", shard, "--out",
+                               str(out), "--no-speed", "--resume"], capture_output=True, text=True, env=env,
+                              cwd=tmp_path, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    assert "skipped 1 finished" in proc.stdout  # the rerun of shard 1 trained nothing
+    rows = results.read_rows(out / "runs.csv")
+    assert sorted(r["scheme"] for r in rows) == ["alibi", "my-pe"]
+    assert json.loads((out / "provenance.json").read_text())["plugins"][0]["path"] == str(tmp_path / "pe" / "my_pe.py")
+
+
+def test_submit_freezes_the_plugins_beside_the_task(registry, tmp_path, corpus_dir, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "my_pe.py", GOOD.format(name="my-pe"))
+    write(tmp_path / "extra.py", GOOD.format(name="extra-pe"))
+    task = tmp_path / "grid.toml"
+    task.write_text('plugins = ["my_pe.py"]  # mine\nschemes = ["my-pe", "extra-pe"]\n'
+                    + TINY_TASK.format(corpus=corpus_dir))
+    assert main(["submit", str(task), "--shards", "2", "--dry-run", "--out", "o", "--plugin", "extra.py"]) == 0
+    frozen = tmp_path / "o" / "slurm" / "grid.toml"
+    copies = sorted(p.name for p in (frozen.parent / "plugins").iterdir())
+    assert [c.split("-", 1)[1] for c in copies] == ["extra.py", "my_pe.py"]
+    import tomllib
+    assert sorted(tomllib.loads(frozen.read_text())["plugins"]) == [f"plugins/{c}" for c in copies]
+
+
+def test_an_installed_distribution_is_found_without_a_flag(tmp_path):
+    site = tmp_path / "site"
+    (site / "my_pe_dist-0.3.dist-info").mkdir(parents=True)
+    write(site / "my_pe_dist.py", GOOD.format(name="dist-pe"))
+    (site / "my_pe_dist-0.3.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: my-pe-dist\nVersion: 0.3\n")
+    (site / "my_pe_dist-0.3.dist-info" / "entry_points.txt").write_text("[posbench.plugins]\nmine = my_pe_dist\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *sys.path])}
+    proc = subprocess.run([sys.executable, "-m", "posbench", "schemes", "--format", "csv"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("dist-pe,"))
+    assert line.endswith("distribution my-pe-dist 0.3")
+
+
+@pytest.mark.parametrize("text, message", [
+    (None, "no such file"),
+    ("x = = 1\n", "line 1: SyntaxError"),
+    ("import torch\n\ntorch.nope()\n", "line 3: AttributeError"),
+    (GOOD.format(name="rope"), "clashes with the scheme of that name from built-in"),
+    (GOOD.format(name="my-pe").replace('    family = "bias"\n', ""), "has no `family`"),
+    (GOOD.format(name="my-pe").replace('hooks = ("bias",)', 'hooks = ("bias", "magic")'), "unknown hook(s) magic"),
+    (GOOD.format(name="my-pe").replace('defaults = {"scale": 0.5}', 'defaults = {"scale": [0.5]}'),
+     "parameter scale has a default of type list"),
+])
+def test_bad_plugins_are_one_line_and_write_nothing(registry, tmp_path, monkeypatch, capsys, text, message):
+    monkeypatch.chdir(tmp_path)
+    if text is not None:
+        write(tmp_path / "bad.py", text)
+    before = set(SCHEMES)
+    assert main(["train", "--plugin", "bad.py", "--scheme", "rope", "--steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "plugin bad.py" in err
+    assert set(SCHEMES) == before and not (tmp_path / "runs").exists()
+
+
+def test_two_plugins_with_one_name_clash(registry, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "a.py", GOOD.format(name="twin"))
+    write(tmp_path / "b.py", GOOD.format(name="twin"))
+    assert main(["schemes", "--plugin", "a.py", "--plugin", "b.py"]) == 2
+    assert f"from {tmp_path / 'a.py'}" in capsys.readouterr().err
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    write(tmp_path / "bad.py", "import torch\n\ntorch.nope()\n")
+    proc = subprocess.run([sys.executable, "-m", "posbench", "schemes", "--plugin", "bad.py", "--debug"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode != 0 and "Traceback" in proc.stderr and "torch.nope()" in proc.stderr
+
+
+def test_check_passes_every_builtin_scheme_and_preset():
+    from posbench import layout
+
+    for name in sorted(SCHEMES) + list(layout.PRESETS):
+        bad = [f for f in check(name, skip=("cost", "compiled graph")) if f.status == "fail"]
+        assert not bad, (name, bad)
+
+
+@pytest.mark.parametrize("source, prop", [(PEEKS, "causality"), (FALSE_RELATIVE, "translation"),
+                                          (NAN_PAST, "past training length")])
+def test_check_catches_planted_defects(registry, tmp_path, monkeypatch, capsys, source, prop):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "defect.py", source)
+    name = next(line.split('"')[1] for line in source.splitlines() if line.strip().startswith("name ="))
+    assert main(["check", name, "--plugin", "defect.py", "--skip", "cost,compiled graph"]) == 1
+    out = capsys.readouterr().out
+    failed = [line for line in out.splitlines() if line.startswith("fail")]
+    assert prop in [line.split("  ")[0].removeprefix("fail ").strip() for line in failed], out
+
+
+def test_check_of_a_good_plugin_passes_with_cost_and_graph(registry, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "my_pe.py", GOOD.format(name="my-pe"))
+    assert main(["check", "my-pe", "--plugin", "my_pe.py", "--param", "scale=0.25"]) == 0
+    out = capsys.readouterr().out
+    assert "pass compiled graph" in out and "x rope" in out and "11 of 11" in out
+    assert main(["check", "my-pe", "--param", "sclae=1"]) == 2
+    assert "did you mean 'scale'" in capsys.readouterr().err
