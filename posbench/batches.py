@@ -10,7 +10,7 @@
   Zoology and the randomized-PE suite (labels -100 elsewhere there, a zero mask here).
 
 A source also validates: the mean loss of what it scores on held-out data (and, for probes, the
-per-answer accuracy at the training length: the learning curve of the run's log). train.py draws
+per-answer accuracy at the training length: the learning curve of the run's log). training.py draws
 every batch through `sample` and knows nothing else about the data.
 """
 

@@ -79,13 +79,14 @@ def check_cmd(
     """Conformance report of a scheme: causality on every path, claimed translation invariance,
     behaviour past the training length, paths agreeing, batch independence, determinism,
     save/load, gradients, bfloat16, one compiled graph, cost. Exit 1 on any fail."""
-    from posbench.check import check
+    from posbench import api
 
-    findings = check(scheme, config.parse_params(param), skip=_split(skip) or ())
+    findings = api.check(scheme, param=param, skip=skip).attrs["rows"]
     styles = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
     for f in findings:
-        console.print(f"[{styles[f.status]}]{f.status:4}[/] {f.prop:21} {escape(f.detail)}", soft_wrap=True)
-    failed = [f.prop for f in findings if f.status == "fail"]
+        console.print(f"[{styles[f['status']]}]{f['status']:4}[/] {f['prop']:21} {escape(f['detail'])}",
+                      soft_wrap=True)
+    failed = [f["prop"] for f in findings if f["status"] == "fail"]
     console.print(f"{scheme}: {len(findings) - len(failed)} of {len(findings)} properties without a fail"
                   + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
@@ -133,38 +134,32 @@ def train(
     tracker: Optional[str] = typer.Option(None, help=TRACKER_HELP),
 ):
     """Train one model with one scheme or layout (the task's settings, overridden by flags)."""
-    from posbench import layout
-    from posbench import train as training
+    from posbench import api
 
-    scheme = layout.check(scheme)
-    t = _task_with_overrides(task, data, train_len, steps, batch_size, d_model, layers, heads, lr,
-                             randomize_positions, dtype, tokenizer, vocab_size, compile_)
-    t = dataclasses.replace(t, train=config.replace(t.train, tracker=tracker))
-    params = {**t.params.get(scheme, {}), **config.parse_params(param)}
-    if seed is not None:
-        config.check_seed(seed)
-    spec = training.RunSpec(scheme=scheme, params=params, seed=t.seeds[0] if seed is None else seed,
-                            data=t.data, model=t.model, train=t.train, task=t.name)
-    result = training.train(spec, runs_dir, device=device, resume=resume, progress=sys.stderr.isatty())
-    row = result.row
+    row = api.train(scheme, task=task, data=data, train_len=train_len, steps=steps, batch_size=batch_size,
+                    d_model=d_model, layers=layers, heads=heads, lr=lr, seed=seed, param=param,
+                    randomize_positions=randomize_positions, device=device, dtype=dtype, compile=compile_,
+                    tokenizer=tokenizer, vocab_size=vocab_size, runs_dir=runs_dir, resume=resume,
+                    tracker=tracker, progress=sys.stderr.isatty()).attrs["rows"][0]
+    run_id, train_len = row["run_id"], row["train_len"]
     if os.environ.get("RANK", "0") != "0":
         return  # under torchrun, rank 0 reports
-    if result.skipped:
-        console.print(f"{spec.run_id}: already trained (runs.csv), nothing to do")
+    if row["skipped"]:
+        console.print(f"{run_id}: already trained (runs.csv), nothing to do")
         return
     if row["status"] != "ok":
-        console.print(f"{spec.run_id}: stopped early; continue with --resume")
+        console.print(f"{run_id}: stopped early; continue with --resume")
         return
     if row.get("final_val_accuracy") is not None:  # a probe: loss on answers, their accuracy in length
-        scored = f"validation accuracy {row['final_val_accuracy']:.1%} at {spec.train.train_len} tokens"
+        scored = f"validation accuracy {row['final_val_accuracy']:.1%} at {train_len} tokens"
     else:
         scored = f"unigram model: {row['unigram_val_loss']:.4f}"
     steps_run = row["stopped_at"] or row["steps"]
     stopped = f" (stopped early at step {steps_run} of {row['steps']})" if row["stopped_at"] else ""
     console.print(
-        f"{spec.run_id}: {steps_run} steps{stopped}, train loss {row['final_train_loss']:.4f}, "
+        f"{run_id}: {steps_run} steps{stopped}, train loss {row['final_train_loss']:.4f}, "
         f"validation loss {row['final_val_loss']:.4f} ({scored}), "
-        f"{row['tokens_per_second']:,.0f} tokens/s, {row['train_seconds']:.1f} s -> {result.run_dir}"
+        f"{row['tokens_per_second']:,.0f} tokens/s, {row['train_seconds']:.1f} s -> {row['run_dir']}"
     )
 
 
@@ -194,35 +189,23 @@ def extrapolate(
     out: Optional[Path] = typer.Option(None, help="where CSVs and plots go (default: the runs directory)"),
 ):
     """Evaluate every trained run on the test split at every length; CSVs, a table and plots."""
-    from posbench import effective, evaluate, report
+    from posbench import api, effective, report, results
 
-    t = config.load_task(task)
-    cfg = config.replace(
-        t.eval,
-        lengths=config.parse_int_list(lengths) if lengths is not None else None,
-        mode=mode, stride=stride, tokens=tokens,
-        rope_scaling=_split(rope_scaling), rope_scaling_factor=scaling_factor,
-        yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, llama3_low=llama3_low, llama3_high=llama3_high,
-        self_extend_group=self_extend_group, self_extend_window=self_extend_window,
-        rerope_window=rerope_window, rerope_leak=rerope_leak,
-        learned_extension=_split(learned_extension), position_draws=position_draws,
-        effective_tolerance=tolerance,
-    )
-    names = _scheme_names(scheme)
     out_dir = out or runs_dir
-    rows = evaluate.extrapolate(runs_dir, cfg, names, out_dir, device, progress=sys.stderr.isatty())
-    effective.write(out_dir, cfg.effective_tolerance, cfg.effective_threshold)
+    frame = api.extrapolate(
+        runs_dir=runs_dir, scheme=_scheme_names(scheme), task=task, lengths=lengths, mode=mode, stride=stride,
+        tokens=tokens, rope_scaling=rope_scaling, scaling_factor=scaling_factor, yarn_alpha=yarn_alpha,
+        yarn_beta=yarn_beta, llama3_low=llama3_low, llama3_high=llama3_high, self_extend_group=self_extend_group,
+        self_extend_window=self_extend_window, rerope_window=rerope_window, rerope_leak=rerope_leak,
+        learned_extension=learned_extension, position_draws=position_draws, tolerance=tolerance, device=device,
+        out=out, progress=sys.stderr.isatty())
+    rows = frame.attrs["rows"]
+    cfg = config.replace(config.load_task(task).eval, effective_tolerance=tolerance,
+                         mode=mode)
     eff = report.effective_by_label(effective.perplexity_rows(rows, cfg.effective_tolerance))
     console.print(report.ppl_table(rows, f"perplexity, {cfg.mode}", eff))
-    from posbench import results
-
-    plots = [
-        report.plot_extrapolation(results.read_rows(results.table_path(out_dir, "extrapolation")),
-                                  Path(out_dir) / "extrapolation.png"),
-        report.plot_positions(results.read_rows(results.table_path(out_dir, "positions")),
-                              Path(out_dir) / "positions.png"),
-    ]
     written = [results.table_path(out_dir, t) for t in ("extrapolation", "positions", "windows", "effective_length")]
+    plots = [Path(out_dir) / "extrapolation.png", Path(out_dir) / "positions.png"]
     console.print(f"wrote {', '.join(map(str, written + plots))}")
 
 
@@ -301,18 +284,12 @@ def speed(
     out: Path = typer.Option(Path("runs"), help="where speed.csv and speed.png go"),
 ):
     """Time each scheme's attention layer (hooks included), forward and forward+backward."""
-    from posbench.speed import print_speed, run_speed
+    from posbench import api
+    from posbench.speed import print_speed
 
-    s = config.replace(
-        config.load_task(task).speed,
-        lengths=config.parse_int_list(lengths) if lengths is not None else None, batch_size=batch_size,
-        heads=heads, head_dim=head_dim, dtype=dtype, backward=backward, repeats=repeats,
-    )
-    names = list(_split(schemes)) if schemes is not None else None
-    rows = run_speed(schemes=names, lengths=s.lengths, batch_size=s.batch_size, heads=s.heads,
-                     head_dim=s.head_dim, dtype=s.dtype, device=device, backward=s.backward,
-                     repeats=s.repeats, out_dir=out)
-    print_speed(rows, console)
+    rows = api.speed(schemes=schemes, task=task, lengths=lengths, batch_size=batch_size, heads=heads,
+                     head_dim=head_dim, dtype=dtype, device=device, backward=backward, repeats=repeats, out=out)
+    print_speed(rows.attrs["rows"], console)
     console.print(f"wrote {Path(out) / 'speed.csv'}, {Path(out) / 'speed.png'}")
 
 
@@ -540,18 +517,14 @@ def probe(
             table.add_row(name, p.summary, p.settings(), p.reference, plugins.describe(PROBES[name]))
         console.print(table)
         return
-    names = _split(probe)
-    if not names:
+    if not probe:
         raise PosbenchError("name probes with --probe NAME[,NAME] (see `posbench probe --list`)")
-    for name in names:
-        parse_probe(name)
-    t = config.load_task(task)
-    cfg = config.replace(t.probes, lengths=config.parse_int_list(lengths) if lengths is not None else None,
-                         trials=trials, seed=seed)
-    eval_cfg = config.replace(t.eval, rope_scaling=_split(rope_scaling), position_draws=position_draws)
+    from posbench import api
+
     out_dir = out or runs_dir
-    rows = probing.evaluate(runs_dir, cfg, eval_cfg, tuple(probe_name(n) for n in names),
-                            _scheme_names(scheme), out_dir, device, progress=sys.stderr.isatty())
+    rows = api.probe(probe, runs_dir=runs_dir, task=task, scheme=_scheme_names(scheme), lengths=lengths,
+                     trials=trials, seed=seed, rope_scaling=rope_scaling, position_draws=position_draws,
+                     device=device, out=out, progress=sys.stderr.isatty()).attrs["rows"]
     for table in report.probe_tables(rows):
         console.print(table)
     report.write_report(out_dir)
@@ -564,12 +537,9 @@ def _minutes(seconds: float) -> str:
 
 
 def _split(text: str | None) -> tuple[str, ...] | None:
-    if text is None:
-        return None
-    items = tuple(v.strip() for v in text.split(",") if v.strip())
-    if not items:
-        raise PosbenchError(f"empty list {text!r}")
-    return items
+    from posbench.api import split_names
+
+    return split_names(text)
 
 
 def _scheme_names(scheme: list[str] | None) -> tuple[str, ...] | None:

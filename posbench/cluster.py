@@ -16,7 +16,7 @@ Preemption and time limits: shards are submitted `--requeue` and `--signal=B:USR
 sends SIGTERM to every process of a preempted or cancelled job; the array script's shell gets
 SIGUSR1 two minutes before the time limit and passes it on as SIGTERM (which torchrun, too,
 forwards to its workers). Training checkpoints at the end of its step and stops
-(posbench.train._interrupt_at_step_end); after SIGUSR1 the shell requeues its own array task, which
+(posbench.training._interrupt_at_step_end); after SIGUSR1 the shell requeues its own array task, which
 resumes from the checkpoints. A shard's exit status is written to a file because Slurm keeps a
 finished job's record only briefly and without an accounting database not at all.
 """
@@ -129,7 +129,7 @@ class Plan:
 
     def posbench(self) -> str:
         """The command that starts posbench in a shard: torchrun with one process per GPU when a
-        shard has several (posbench.train trains data-parallel under it)."""
+        shard has several (posbench.training trains data-parallel under it)."""
         python = _q(self.python)
         if self.resources.gpus > 1:
             return f"{python} -m torch.distributed.run --standalone --nproc_per_node={self.resources.gpus} -m posbench"

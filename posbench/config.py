@@ -28,7 +28,7 @@ EVAL_MODES = ("nonoverlap", "sliding")
 DTYPES = ("float32", "bfloat16")
 COMPILE = ("auto", "on", "off")  # torch.compile of the training forward; auto: on for CUDA
 TRACKERS = ("none", "tensorboard", "wandb")  # posbench.trackers
-SCHEDULES = ("cosine", "constant")  # the lr after warm-up (posbench.train.lr_at)
+SCHEDULES = ("cosine", "constant")  # the lr after warm-up (posbench.training.lr_at)
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from posbench.positions import evaluation_draws, evaluation_positions
 from posbench.probes import PROBES, probe_name
 from posbench.schemes import PositionLimitError
 from posbench.schemes.rotary import RopeScaling
-from posbench.train import FINAL, RunSpec, autocast, load_trained, resolve_device
+from posbench.training import FINAL, RunSpec, autocast, load_trained, resolve_device
 
 ATTN_BYTES = 512 * 2**20  # cap on one batch's attention scores (B * H * L * L floats)
 

@@ -3,7 +3,7 @@
 Each finished parent run is fine-tuned with each method into a child run: the parent's scheme,
 data, model, seed and optimizer settings, the extension's lr, warm-up and schedule, the method's
 record (posbench.extension) in its run_id, and the same training function as every run
-(posbench.train.train): the child starts from the parent's final weights, draws PoSE's batches or
+(posbench.training.train): the child starts from the parent's final weights, draws PoSE's batches or
 trains under its rescaling, checkpoints, resumes and records NaN as any run does.
 
 Equal budgets: a budget of S steps is S x B rows of L' tokens (B the parent's batch size); `pose`
@@ -32,7 +32,7 @@ from posbench.errors import PosbenchError, RunFailed
 from posbench.extension import METHODS, Extension, check_pairing
 from posbench.probes import parse_probe
 from posbench.schemes.rotary import RopeScaling, yarn_ramp
-from posbench.train import FINAL, RunSpec, load_trained, resolve_device, train
+from posbench.training import FINAL, RunSpec, load_trained, resolve_device, train
 
 SEARCH = ("population", "parents", "mutation", "iterations", "search_windows")
 STEP = 0.01  # LongRoPE's grid of factors (Table 4)

@@ -16,7 +16,7 @@ from posbench import layout, plugins, results
 from posbench.config import Task
 from posbench.data import cached_tokens, is_probe
 from posbench.errors import PosbenchError, RunFailed, on_interrupt
-from posbench.train import FINAL, RunSpec, load_trained, resolve_device, train
+from posbench.training import FINAL, RunSpec, load_trained, resolve_device, train
 
 
 def parse_shard(text: str | None, environ=os.environ) -> tuple[int, int]:

@@ -349,7 +349,7 @@ def test_ctrl_c_while_torch_imports(tmp_path):
 
 
 def test_ctrl_c_before_the_first_step(trained, capsys, tmp_path, monkeypatch):
-    from posbench import train
+    from posbench import training as train
 
     def pressed(*args, **kwargs):
         raise KeyboardInterrupt

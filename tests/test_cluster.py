@@ -20,7 +20,7 @@ from posbench import results
 from posbench.cli import main
 from posbench.errors import PosbenchError
 from posbench.grid import ARRAY_VARIABLES, parse_shard
-from posbench.train import FINAL
+from posbench.training import FINAL
 
 ROOT = Path(__file__).parents[1]
 

@@ -12,7 +12,7 @@ from posbench import results
 from posbench.cli import main
 from posbench.config import EvalConfig
 from posbench.evaluate import evaluate_run, extrapolate, score, windows
-from posbench.train import RunSpec, train
+from posbench.training import RunSpec, train
 
 
 class ContextPredictor:

@@ -15,7 +15,7 @@ from posbench.cli import main
 from posbench.errors import PosbenchError
 from posbench.positions import pose_positions
 from posbench.schemes.rotary import RopeScaling, rope_frequencies, self_extend_positions
-from posbench.train import RunSpec, build_model, load_parent, load_trained, train
+from posbench.training import RunSpec, build_model, load_parent, load_trained, train
 
 D, BASE, L = 8, 10000.0, 64
 INV = [BASE ** (-2 * t / D) for t in range(D // 2)]

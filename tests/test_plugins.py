@@ -12,7 +12,7 @@ import pytest
 
 from conftest import TINY_TASK
 from posbench import plugins, results
-from posbench.check import check
+from posbench.conformance import check
 from posbench.cli import main
 from posbench.probes import PROBES
 from posbench.schemes import SCHEMES

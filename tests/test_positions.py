@@ -14,7 +14,7 @@ from posbench.evaluate import evaluate_run
 from posbench.model import Transformer
 from posbench.positions import evaluation_positions
 from posbench.schemes import PositionLimitError
-from posbench.train import RunSpec, train
+from posbench.training import RunSpec, train
 
 RANDOMIZED = TrainConfig(train_len=16, randomize_positions=True, randomize_max=64)
 RANDOMIZED_RUN = dataclasses.replace(TINY_TRAIN, randomize_positions=True, randomize_max=256)

@@ -262,7 +262,7 @@ def test_gate_biases_take_no_weight_decay(name):
     """The gate bias is (layers, heads), 2-D, yet out of weight decay as the references keep it;
     the gate weights, and the model's matrices, decay."""
     from posbench.config import TrainConfig
-    from posbench.train import make_optimizer
+    from posbench.training import make_optimizer
 
     model = tiny_model(name)
     opt = make_optimizer(model, TrainConfig(weight_decay=0.1))

@@ -6,7 +6,7 @@ import torch
 from conftest import TINY_MODEL, TINY_TRAIN
 from posbench import results
 from posbench.errors import PosbenchError
-from posbench.train import RunSpec, load_trained, lr_at, train
+from posbench.training import RunSpec, load_trained, lr_at, train
 
 
 def spec_for(tiny_data, scheme="rope", **train_changes) -> RunSpec:
