@@ -2,6 +2,7 @@
 distribution; its bytes name its runs; bad ones are one line; `posbench check` judges it."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -239,3 +240,39 @@ def test_check_of_a_good_plugin_passes_with_cost_and_graph(registry, tmp_path, m
     assert "pass compiled graph" in out and "x rope" in out and "11 of 11" in out
     assert main(["check", "my-pe", "--param", "sclae=1"]) == 2
     assert "did you mean 'scale'" in capsys.readouterr().err
+
+
+def test_the_readme_example_runs_verbatim(registry, tmp_path, monkeypatch, capsys):
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = readme.split("<!-- api-example -->", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block, "README.md", "exec"), {"__name__": "__main__"})
+    out = capsys.readouterr().out
+    assert "compiled graph" in out and "fail" not in out
+    runs = results.read_rows(tmp_path / "runs" / "mine" / "runs.csv")
+    assert sorted(r["scheme"] for r in runs) == ["decay", "rope"] and all(r["status"] == "ok" for r in runs)
+    # It learned: the validation loss is well below chance over the 256 byte values.
+    assert all(float(r["final_val_loss"]) < math.log(256) - 1 for r in runs)
+    ppl = results.read_rows(tmp_path / "runs" / "mine" / "extrapolation.csv")
+    assert {(r["scheme"], r["eval_len"]) for r in ppl} == {(s, n) for s in ("decay", "rope") for n in ("32", "64", "128")}
+
+
+def test_the_api_returns_frames_and_refuses_bad_input(registry, tmp_path, corpus_dir, monkeypatch):
+    import pandas as pd
+
+    import posbench
+    from posbench.errors import PosbenchError
+
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "my_pe.py", GOOD.format(name="my-pe"))
+    row = posbench.train("my-pe", plugins=["my_pe.py"], data=f"files:{corpus_dir}", tokenizer="bytes",
+                         train_len=16, steps=3, batch_size=4, d_model=16, layers=1, heads=2, device="cpu")
+    assert isinstance(row, pd.DataFrame) and row.loc[0, "status"] == "ok" and Path(row.loc[0, "run_dir"]).is_dir()
+    again = posbench.train("my-pe", data=f"files:{corpus_dir}", tokenizer="bytes", train_len=16, steps=3,
+                           batch_size=4, d_model=16, layers=1, heads=2, device="cpu", resume=True)
+    assert bool(again.loc[0, "skipped"]) and again.loc[0, "run_id"] == row.loc[0, "run_id"]
+    assert set(posbench.check("my-pe", skip=["cost", "compiled graph"])["status"]) == {"pass"}
+    with pytest.raises(PosbenchError, match="did you mean 'rope'"):
+        posbench.train("rpoe")
+    with pytest.raises(PosbenchError, match="no such file"):
+        posbench.speed(plugins=["missing.py"])
