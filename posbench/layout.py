@@ -342,6 +342,16 @@ def recorded(name: str) -> str:
     return plain[0] if plain is not None else layout.name
 
 
+def without_rope(name: str) -> str:
+    """The scheme or layout `name` with every RoPE-family layer (rope, p-rope, resonance: those
+    that take a RoPE scaling) replaced by NoPE, its span, temperature and modifiers kept: the
+    child of a DroPE extension (posbench.extend). The recorded name: ``none`` for ``rope``."""
+    parsed = parse(name)
+    pattern = tuple(dataclasses.replace(lay, scheme="none", params=())
+                    if hasattr(get_scheme(lay.scheme), "set_scaling") else lay for lay in parsed.pattern)
+    return recorded(canonical(tuple(_shortest_period(list(pattern)))))
+
+
 def run_prefix(name: str) -> str:
     """The run_id prefix of a scheme, preset or spec: itself where it is a safe file name."""
     return re.sub(r"[^A-Za-z0-9.+_-]", "_", name)
