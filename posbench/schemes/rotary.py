@@ -642,7 +642,8 @@ class SelectiveRoPE(Scheme):
     relative = True
     takes_positions = False
     hooks = ("content", "qk")
-    reference = "Movahedi, Carstensen et al., ICLR 2026 (timurcarstensen/selective-rope)"
+    reference = ("Movahedi, Carstensen et al., ICLR 2026, openreview.net/forum?id=AQo1SEElNb "
+                 "(timurcarstensen/selective-rope)")
     notes = ("angles theta_p sum_{s<=t} phi_s, phi = causal conv of a low-rank map of the layer's "
              "input: input-dependent rotations; theta base 5e5")
     defaults = {"base": 500000.0, "rank": 32, "conv": 4, "bias": False}
