@@ -2,7 +2,8 @@
 
 - ``sdpa-causal``: input/qk/mixer schemes over full causal attention:
   F.scaled_dot_product_attention(is_causal=True), flash on a GPU.
-- ``flex``: content-independent biases, per-token gates, or a window or chunk span, on CUDA:
+- ``flex``: content-independent biases, per-token gates, a window or chunk span, or a learned sink
+  (posbench.modifiers), on CUDA:
   FlexAttention with the scheme's ``bias_fn`` (and a gate's c_i - c_j) as score_mod and a
   BlockMask built from the span's ``mask_mod``, so a windowed or chunked layer skips every block
   outside its span (compiled once; recompiled per length, dtype and scheme).
@@ -11,11 +12,16 @@
   (B, H, T, T) float mask c_i - c_j built per layer, since each layer has its own gates.
 - ``sdpa-mask``: a window or chunk span without a bias elsewhere: SDPA with a (T, T) bool mask.
   It computes every score and discards those outside the span: the cost of full attention.
-- ``explicit``: content-dependent terms (logits/content/values hooks) and weights other than softmax (the
+- ``explicit``: content-dependent terms (logits/values hooks) and weights other than softmax (the
   weights hook): the scores materialized, then softmax or the scheme's weights. It is also the
   reference every other path is tested against.
 
-Contexts are built once per forward for each distinct (scheme, span) and shared by its layers.
+A learned sink (one more softmax column per head) is the extra column itself on the explicit
+path, out * sigmoid(lse - sink) from FlexAttention's log-sum-exp on the flex path, and on the SDPA
+paths one zero key and value whose mask entry is the sink (a float mask, so a full-span sink
+layer takes sdpa-mask, not sdpa-causal, off CUDA).
+
+Contexts are built once per forward for each distinct (scheme, span, path) and shared by its layers.
 """
 
 from __future__ import annotations
@@ -88,12 +94,13 @@ def flex_supports(scheme) -> bool:
     return not any(p.dim() == 0 and p.requires_grad for p in scheme.parameters())
 
 
-def choose_backend(scheme, device: torch.device | str, span: Span = FULL) -> str:
+def choose_backend(scheme, device: torch.device | str, span: Span = FULL, sink: bool = False) -> str:
+    """The path of a layer with this scheme and span (and a learned sink or not)."""
     hooks = set(scheme.hooks)
-    if hooks & {"logits", "content", "values", "weights"}:
+    if hooks & {"logits", "values", "weights"}:
         return "explicit"
     biased = bool(hooks & {"bias", "gate"})
-    if biased or span != FULL:
+    if biased or span != FULL or sink:
         on_cuda = torch.device(device).type == "cuda"
         if on_cuda and flex_available() and flex_supports(scheme):
             return "flex"
@@ -211,20 +218,26 @@ def gated_score_mod(c: torch.Tensor, inner):
 
 
 def attend(q, k, v, scheme, ctx: AttnContext, layer: int,
-           gate: torch.Tensor | None = None, content: Any = None) -> torch.Tensor:
+           gate: torch.Tensor | None = None, content: Any = None,
+           sink: torch.Tensor | None = None) -> torch.Tensor:
     """q, k, v (B, H, T, D) -> (B, H, T, D), over the context's span; `gate`: this layer's
     per-token gate c (B, H, T) float32 (the gate hook), added to the logits as c_i - c_j;
-    `content`: what this layer's content hook read of its input, for the logits hook."""
+    `content`: what this layer's content hook read of its input, for the logits hook; `sink`:
+    this layer's learned sink logits (H,), one more softmax column with a zero value."""
     backend = ctx.backend
     scale = scheme.qk_scale
-    if backend == "sdpa-causal":
+    if backend == "sdpa-causal" and sink is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-    if backend in ("sdpa-bias", "sdpa-mask"):
-        mask = ctx.sdpa_mask(q.dtype)  # (H, T, T) float or (T, T) bool
+    if backend in ("sdpa-causal", "sdpa-bias", "sdpa-mask"):
+        # (H, T, T) float or (T, T) bool; a forced sdpa-causal with a sink builds its mask
+        mask = ctx.sdpa_mask(q.dtype) if ctx.mask is not None else ctx.span.mask(q.shape[-2], q.device)
         if gate is not None:
             bias = gate_bias(gate)
             bias = bias.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else bias + mask
             mask = bias.to(q.dtype)
+        if sink is not None:
+            mask = sink_column(mask, sink, q.dtype)
+            k, v = F.pad(k, (0, 0, 0, 1)), F.pad(v, (0, 0, 0, 1))  # the sink's zero key and value
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     if backend == "flex":
         score_mod = ctx.score_mod if gate is None else gated_score_mod(gate, ctx.score_mod)
@@ -232,12 +245,45 @@ def attend(q, k, v, scheme, ctx: AttnContext, layer: int,
         # a nested torch.compile would set compiler config from inside the trace (a graph break
         # in torch 2.15) and trace the cache wrapper of _compiled_flex anew.
         flex = _flex() if torch.compiler.is_compiling() else _compiled_flex()
-        return flex(q, k, v, score_mod=score_mod, block_mask=ctx.block_mask, scale=scale)
-    return explicit_attention(q, k, v, scheme, ctx, layer, gate, content)
+        if sink is None:
+            return flex(q, k, v, score_mod=score_mod, block_mask=ctx.block_mask, scale=scale)
+        return with_sink(*flex_with_lse(flex, q, k, v, score_mod, ctx.block_mask, scale), sink)
+    return explicit_attention(q, k, v, scheme, ctx, layer, gate, content, sink)
+
+
+def flex_with_lse(flex, q, k, v, score_mod, block_mask, scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlexAttention's output and each row's log-sum-exp (B, H, T): torch >= 2.9 asks for it with
+    `return_aux` (`return_lse` is deprecated there), torch 2.5-2.8 with `return_lse`."""
+    try:
+        from torch.nn.attention.flex_attention import AuxRequest
+    except ImportError:
+        return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, return_lse=True)
+    out, aux = flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                    return_aux=AuxRequest(lse=True))
+    return out, aux.lse
+
+
+def sink_column(mask: torch.Tensor, sink: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An SDPA mask with the sink as one more key: mask (T, T) bool or (..., T, T) float, sink
+    (H,) -> (..., H, T, T + 1) float, the last column the sink's logit."""
+    if mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
+    if mask.dim() == 2:
+        mask = mask.expand(sink.shape[0], *mask.shape)  # (H, T, T)
+    column = sink.to(dtype)[:, None, None].expand(*mask.shape[:-1], 1)
+    return torch.cat([mask, column], dim=-1)
+
+
+def with_sink(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor) -> torch.Tensor:
+    """The output with the sink column, from the output without it, out (B, H, T, D), and the
+    log-sum-exp of each row's logits, lse (B, H, T): the weights shrink by
+    sum / (sum + exp(sink)) = sigmoid(lse - sink)."""
+    return out * torch.sigmoid(lse.float() - sink.float()[:, None])[..., None].to(out.dtype)
 
 
 def explicit_attention(q, k, v, scheme, ctx: AttnContext, layer: int,
-                       gate: torch.Tensor | None = None, content: Any = None) -> torch.Tensor:
+                       gate: torch.Tensor | None = None, content: Any = None,
+                       sink: torch.Tensor | None = None) -> torch.Tensor:
     if "logits" in scheme.hooks:
         args = (q, k, ctx.pos, ctx.shared, layer)
         scores = scheme.logits(*args) if content is None else scheme.logits(*args, content)
@@ -255,6 +301,9 @@ def explicit_attention(q, k, v, scheme, ctx: AttnContext, layer: int,
     scores = scores.masked_fill(blocked, float("-inf"))
     if "weights" in scheme.hooks:
         attn = scheme.weights(scores).to(v.dtype)
+    elif sink is not None:
+        column = sink.float()[:, None, None].expand(*scores.shape[:-1], 1)
+        attn = torch.cat([scores, column], dim=-1).softmax(dim=-1)[..., :-1].to(v.dtype)
     else:
         attn = scores.softmax(dim=-1).to(v.dtype)
     out = attn @ v

@@ -212,7 +212,7 @@ def extrapolate(
 @app.command()
 def extend(
     method: str = typer.Option(..., help="comma-separated: plain, pi, ntk, yarn, longrope, pose+plain, pose+pi, "
-                                         "pose+ntk, pose+yarn"),
+                                         "pose+ntk, pose+yarn, drope"),
     runs_dir: Path = typer.Option(Path("runs"), help="where the parent runs are; children go beside them"),
     scheme: Optional[List[str]] = typer.Option(None, help="only parents of these schemes (repeatable or comma-separated)"),
     task: Optional[str] = typer.Option(None, help="task whose [extend] settings are the defaults"),
@@ -226,6 +226,7 @@ def extend(
     population: Optional[int] = typer.Option(None, help="longrope search: population"),
     iterations: Optional[int] = typer.Option(None, help="longrope search: iterations"),
     mutation: Optional[float] = typer.Option(None, help="longrope search: chance that a mutation redraws a factor"),
+    drope_lr: Optional[float] = typer.Option(None, help="drope: the recalibration's peak learning rate"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     resume: bool = typer.Option(False, help="continue interrupted children from their checkpoints"),
     tracker: Optional[str] = typer.Option(None, help=TRACKER_HELP),
@@ -239,7 +240,7 @@ def extend(
     cfg = config.replace(t.extend, target_len=target_len,
                          steps=config.parse_int_list(steps, "steps") if steps is not None else None, lr=lr,
                          warmup=warmup, schedule=schedule, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta,
-                         population=population, iterations=iterations, mutation=mutation)
+                         population=population, iterations=iterations, mutation=mutation, drope_lr=drope_lr)
     methods = _split(method)
     for name in methods:  # an unknown method: one line before any work
         if name not in extending.METHODS:

@@ -124,6 +124,11 @@ class ExtendConfig:
     mutation: float = 0.3  # chance that a mutation redraws each factor
     iterations: int = 10
     search_windows: int = 4  # validation windows of target_len that score a candidate
+    # DroPE's recalibration (posbench.extend): its Llama-2 7B run recalibrates at a third of the
+    # model's pretraining peak (1e-4 after 3e-4), cosine after the warm-up; a third of the quick
+    # task's 2e-3
+    drope_lr: float = 7e-4
+    drope_schedule: str = "cosine"
 
 
 @dataclass(frozen=True)
@@ -344,9 +349,11 @@ def validate(obj) -> None:
             raise PosbenchError("extend steps is empty: give at least one budget")
         if min(obj.steps) < 1:
             raise PosbenchError(f"extend steps must be > 0, got {min(obj.steps)}")
-        _positive(obj, "lr", "yarn_alpha", "yarn_beta", "population", "parents", "iterations", "search_windows")
+        _positive(obj, "lr", "yarn_alpha", "yarn_beta", "population", "parents", "iterations", "search_windows",
+                  "drope_lr")
         _non_negative(obj, "warmup")
         _choice("schedule", obj.schedule, SCHEDULES)
+        _choice("drope_schedule", obj.drope_schedule, SCHEDULES)
         if obj.yarn_alpha >= obj.yarn_beta:
             raise PosbenchError(f"yarn_alpha ({obj.yarn_alpha}) must be below yarn_beta ({obj.yarn_beta})")
         if obj.parents > obj.population:

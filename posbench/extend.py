@@ -7,7 +7,14 @@ record (posbench.extension) in its run_id, and the same training function as eve
 trains under its rescaling, checkpoints, resumes and records NaN as any run does.
 
 Equal budgets: a budget of S steps is S x B rows of L' tokens (B the parent's batch size); `pose`
-methods spend the same tokens in rows of the parent's length L, in S L'/L steps of B rows.
+methods and `drope` spend the same tokens in rows of the parent's length L, in S L'/L steps of B
+rows.
+
+`drope` (Gelberg et al. 2025, arXiv:2512.12167; SakanaAI/DroPE) removes every RoPE layer's
+rotation (the child's layout: `layout.without_rope`) and recalibrates the parent's weights at L
+with the reference's optimizer settings, not the other methods': its own peak lr (`drope_lr`),
+warm-up then `drope_schedule` (cosine), and no weight decay (cfgs/trainer_cfg/base.yaml,
+weight_decay 0).
 
 `longrope` searches its factors first (`search_factors`), on the parent's validation split at L'
 (a probe's run: its held-out examples of L' tokens). A probe's run extends on its own examples, of
@@ -29,20 +36,21 @@ from posbench import batches, layout, results
 from posbench.config import ExtendConfig
 from posbench.data import TokenData, cached_tokens
 from posbench.errors import PosbenchError, RunFailed
-from posbench.extension import METHODS, Extension, check_pairing
+from posbench.extension import DROPE, METHODS, Extension, check_pairing
 from posbench.probes import parse_probe
 from posbench.schemes.rotary import RopeScaling, yarn_ramp
 from posbench.training import FINAL, RunSpec, load_trained, resolve_device, train
 
 SEARCH = ("population", "parents", "mutation", "iterations", "search_windows")
 STEP = 0.01  # LongRoPE's grid of factors (Table 4)
+DROPE_WEIGHT_DECAY = 0.0  # the DroPE reference's recalibration (cfgs/trainer_cfg/base.yaml)
 
 
 def child_spec(parent: RunSpec, method: str, steps: int, cfg: ExtendConfig) -> RunSpec:
     """The child of `parent` fine-tuned with `method` to cfg.target_len on a budget of `steps`."""
     base, target = parent.train.train_len, cfg.target_len
     ext_steps, row_len = steps, target
-    if method.startswith("pose+"):
+    if method.startswith("pose+") or method == DROPE:
         if (steps * target) % base:
             raise PosbenchError(f"{method}: {steps} steps of rows of {target} are not a whole number of steps "
                                 f"of rows of {base} (equal tokens): choose steps or a target length that divide")
@@ -55,9 +63,13 @@ def child_spec(parent: RunSpec, method: str, steps: int, cfg: ExtendConfig) -> R
     # A child spends its whole budget: a parent's early stop at a target accuracy is not inherited
     t = dataclasses.replace(parent.train, train_len=row_len, steps=ext_steps, lr=cfg.lr, warmup=cfg.warmup,
                             schedule=cfg.schedule, stop_accuracy=0.0)
+    scheme, params = parent.scheme, parent.params
+    if method == DROPE:
+        t = dataclasses.replace(t, lr=cfg.drope_lr, schedule=cfg.drope_schedule, weight_decay=DROPE_WEIGHT_DECAY)
+        scheme, params = layout.without_rope(parent.scheme), {}
     ext = Extension(parent=parent.run_id, method=method, base_len=base, target_len=target, steps=steps,
                     settings=settings)
-    return RunSpec(scheme=parent.scheme, params=parent.params, seed=parent.seed, data=parent.data,
+    return RunSpec(scheme=scheme, params=params, seed=parent.seed, data=parent.data,
                    model=parent.model, train=t, task=parent.task, extension=ext)
 
 

@@ -10,7 +10,10 @@ Methods, with s = L' / L (L: the parent's training length, L': the target):
 - `longrope`: per-pair factors searched on validation loss at L' before fine-tuning (SCHEMES.md
   36), with the attention factor sqrt(1 + ln s / ln L);
 - `pose+R` (R one of plain, pi, ntk, yarn): fine-tune at L with PoSE's skip-wise positions
-  covering L' (posbench.positions.pose_positions), under the rescaling R.
+  covering L' (posbench.positions.pose_positions), under the rescaling R;
+- `drope` (Gelberg et al. 2025, DroPE): the child's layout is the parent's with every RoPE layer
+  NoPE (`none`), on the parent's weights, recalibrated at L with the reference's lr schedule
+  (posbench.extend); evaluated with no positional encoding at any length.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from posbench.schemes.rotary import RopeScaling
 
 RESCALINGS = ("pi", "ntk", "yarn", "longrope")
 POSE = "pose+"
-METHODS = ("plain", *RESCALINGS, *(POSE + r for r in ("plain", "pi", "ntk", "yarn")))
+DROPE = "drope"
+METHODS = ("plain", *RESCALINGS, *(POSE + r for r in ("plain", "pi", "ntk", "yarn")), DROPE)
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,7 @@ class Extension:
     def scaling(self) -> RopeScaling:
         """The RoPE scaling the child trains and is evaluated with."""
         kind = self.rescaling
-        if kind == "plain":
+        if kind in ("plain", DROPE):
             return RopeScaling()
         extra = {k: self.settings[k] for k in ("alpha", "beta") if kind == "yarn" and k in self.settings}
         return RopeScaling(kind, self.factor, factors=self.factors, **extra)

@@ -5,11 +5,15 @@ cut where the depth ends). The model asks the layout; it knows no particular sch
 A layout is named by a scheme (the one-scheme layout: today's model), by a preset, or by a spec:
 
     spec    := layer ("/" layer)*
-    layer   := SCHEME (":" KEY "=" VALUE)* ["@" span] ["+" TEMPERATURE (":" KEY "=" VALUE)*] ["*" N]
+    layer   := SCHEME (":" KEY "=" VALUE)* ["@" span] ("+" extra)* ["*" N]
+    extra   := (TEMPERATURE | MODIFIER) (":" KEY "=" VALUE)*   (at most one temperature; each
+               modifier, sink or gate (posbench.modifiers), at most once)
     span    := "full" | "w" [SIZE] | "c" [SIZE]      (window / chunk; no SIZE: train_len / 4)
 
+or by a preset followed by modifiers (``rnope-swa+gate``), which every layer of the preset takes.
+
 e.g. ``rope@w*3/none`` (3 RoPE layers with a sliding window, then 1 NoPE layer), ``none+logn``,
-``rope:base=10000@w16*5/rope:base=1000000``. Commas never occur in a spec, so a comma-separated
+``rope+sink``, ``rope:base=10000@w16*5/rope:base=1000000``. Commas never occur in a spec, so a comma-separated
 list still lists several schemes or layouts. The canonical form (parameters at their defaults
 left out, repeated layers written with *N, a pattern that repeats a shorter one reduced to it)
 names the layout in result rows; the same form with every size resolved enters the run_id.
@@ -32,6 +36,7 @@ from torch import nn
 from posbench import attention
 from posbench.attention import FULL, Span
 from posbench.errors import PosbenchError, did_you_mean
+from posbench.modifiers import MODIFIERS, OutputGate, Sink
 from posbench.schemes import SCHEMES, Dims, Scheme, get_scheme
 from posbench.schemes.base import MAX_INT, check_number, coerce_params
 from posbench.temperature import TEMPERATURES, Temperature
@@ -75,6 +80,10 @@ def _fmt(value: Any) -> str:
     return repr(value).replace("e+", "e") if isinstance(value, float) else str(value)
 
 
+def _fmt_params(params: tuple[tuple[str, Any], ...]) -> str:
+    return "".join(f":{k}={_fmt(v)}" for k, v in params)
+
+
 @dataclass(frozen=True)
 class LayerSpec:
     scheme: str
@@ -83,14 +92,23 @@ class LayerSpec:
     size: int = 0  # window or chunk; 0: train_len // SPAN_FRACTION
     temperature: str = "none"
     temp_params: tuple[tuple[str, Any], ...] = ()  # those that differ from the defaults
+    # (name, parameters that differ from the defaults), in the order of MODIFIERS
+    modifiers: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
 
     def __str__(self) -> str:
-        out = self.scheme + "".join(f":{k}={_fmt(v)}" for k, v in self.params)
+        out = self.scheme + _fmt_params(self.params)
         if self.span != "full":
             out += f"@{self.span[0]}{self.size or ''}"
         if self.temperature != "none":
-            out += "+" + self.temperature + "".join(f":{k}={_fmt(v)}" for k, v in self.temp_params)
-        return out
+            out += "+" + self.temperature + _fmt_params(self.temp_params)
+        return out + "".join(f"+{name}{_fmt_params(params)}" for name, params in self.modifiers)
+
+    def modifier(self, name: str) -> dict[str, Any] | None:
+        """The modifier's parameters, defaults filled in; None when the layer has none."""
+        for given, params in self.modifiers:
+            if given == name:
+                return {**MODIFIERS[name], **dict(params)}
+        return None
 
     def resolve(self, train_len: int) -> LayerSpec:
         """Every size given: the defaults (a quarter of the training length) filled in."""
@@ -124,7 +142,7 @@ class Layout:
         """(scheme, params) when this is the one-scheme layout of today's model."""
         if len(self.pattern) == 1:
             layer = self.pattern[0]
-            if layer.span == "full" and layer.temperature == "none":
+            if layer.span == "full" and layer.temperature == "none" and not layer.modifiers:
                 return layer.scheme, dict(layer.params)
         return None
 
@@ -149,6 +167,9 @@ def parse(name: str) -> Layout:
     name = name.strip()
     if name in PRESETS:
         return Layout(name, _parse_spec(PRESETS[name][0]).pattern)
+    preset, plus, extras = name.partition("+")
+    if plus and preset in PRESETS:
+        return _preset_with_modifiers(preset, extras)
     if not is_spec(name):
         if not name:
             raise PosbenchError("empty scheme name")
@@ -176,6 +197,25 @@ def _parse_spec(spec: str) -> Layout:
     return Layout(spec, tuple(pattern))
 
 
+def _preset_with_modifiers(preset: str, text: str) -> Layout:
+    """A preset whose every layer takes the modifiers of `text` (``gate``, ``sink:init=-2+gate``)."""
+    where = f"in layout {preset + '+' + text!r}"
+    temperature, _, modifiers = _parse_extras(text.split("+"), where)
+    if temperature != "none":
+        raise PosbenchError(f"a temperature follows a layer, not a preset, {where}: write the preset's "
+                            f"spec ({PRESETS[preset][0]}) with the temperature where it belongs")
+    pattern = []
+    for layer in _parse_spec(PRESETS[preset][0]).pattern:
+        clash = {m for m, _ in layer.modifiers} & {m for m, _ in modifiers}
+        if clash:
+            raise PosbenchError(f"preset {preset!r} already has {', '.join(sorted(clash))} {where}")
+        merged = tuple(sorted(layer.modifiers + modifiers, key=lambda m: list(MODIFIERS).index(m[0])))
+        pattern.append(dataclasses.replace(layer, modifiers=merged))
+        _check_modifiers(pattern[-1], where)
+    name = preset + "".join(f"+{m}{_fmt_params(p)}" for m, p in modifiers)
+    return Layout(name, tuple(pattern))
+
+
 def _shortest_period(pattern: list[LayerSpec]) -> list[LayerSpec]:
     """a/b/a/b and a/b repeat to the same layers at every depth: keep the shorter."""
     n = len(pattern)
@@ -201,9 +241,7 @@ def _parse_layer(text: str, spec: str) -> tuple[LayerSpec, int]:
         if not m["count"].isdigit() or int(m["count"]) < 1:
             raise PosbenchError(f"repeat count {m['count']!r} {where} must be a positive integer")
         count = int(m["count"])
-    body, plus, temp_text = m["body"].partition("+")
-    if "+" in temp_text:
-        raise PosbenchError(f"layer {text!r} {where} has more than one temperature")
+    body, *extras = m["body"].split("+")
     head, at, span_text = body.partition("@")
     if "@" in span_text:
         raise PosbenchError(f"layer {text!r} {where} has more than one span")
@@ -222,25 +260,60 @@ def _parse_layer(text: str, spec: str) -> tuple[LayerSpec, int]:
                                 f"(window or chunk of 1 <= SIZE <= {MAX_INT} tokens; no SIZE: train_len/4)")
         if not s["full"]:
             span, size = {"w": "window", "c": "chunk"}[s["kind"]], int(s["size"] or 0)
-    temperature, temp_kept = "none", ()
-    if plus:
-        temperature, tparams = _name_and_params(temp_text, where)
-        if temperature not in TEMPERATURES:
-            raise PosbenchError(f"{did_you_mean(temperature, TEMPERATURES, 'temperature')} {where}")
-        defaults = TEMPERATURES[temperature]
-        for key, value in tparams.items():
-            if key not in defaults:
-                raise PosbenchError(f"temperature {temperature!r} {where} has no parameter {key!r}"
-                                    + (f" (it takes {', '.join(defaults)})" if defaults else ""))
-            what = f"parameter {key} of temperature {temperature!r} {where}"
-            try:
-                tparams[key] = check_number(type(defaults[key])(check_number(float(value), what)), what)
-            except ValueError:
-                raise PosbenchError(f"parameter {key}={value!r} of temperature {temperature!r} "
-                                    f"{where} must be a number") from None
-        temp_kept = tuple(sorted((k, v) for k, v in tparams.items() if v != defaults[k]))
-    layer = LayerSpec(scheme, kept, span, size, temperature, temp_kept)
+    temperature, temp_kept, modifiers = _parse_extras(extras, where)
+    layer = LayerSpec(scheme, kept, span, size, temperature, temp_kept, modifiers)
+    _check_modifiers(layer, where)
     return layer, count
+
+
+def _parse_extras(texts: list[str], where: str):
+    """What follows a layer's '+'s: (temperature, its parameters, modifiers), each parameter tuple
+    holding those that differ from the defaults, the modifiers in the order of MODIFIERS."""
+    temperature, temp_kept, modifiers = "none", (), {}
+    for text in texts:
+        name, given = _name_and_params(text, where)
+        if name in TEMPERATURES:
+            if temperature != "none":
+                raise PosbenchError(f"{text!r} {where}: more than one temperature in a layer "
+                                    f"(it already has {temperature!r})")
+            temperature, temp_kept = name, _typed_params("temperature", name, TEMPERATURES[name], given, where)
+        elif name in MODIFIERS:
+            if name in modifiers:
+                raise PosbenchError(f"{text!r} {where}: a layer takes the {name} modifier once")
+            modifiers[name] = _typed_params("modifier", name, MODIFIERS[name], given, where)
+        else:
+            raise PosbenchError(f"{did_you_mean(name, [*TEMPERATURES, *MODIFIERS], 'temperature or modifier')} "
+                                f"{where}")
+    ordered = tuple((m, modifiers[m]) for m in MODIFIERS if m in modifiers)
+    return temperature, temp_kept, ordered
+
+
+def _typed_params(kind: str, name: str, defaults: dict[str, Any], given: dict[str, str],
+                  where: str) -> tuple[tuple[str, Any], ...]:
+    """`given` cast to the types of `defaults` (one-line error for an unknown key or a bad value);
+    those that differ from the defaults, sorted."""
+    out = {}
+    for key, value in given.items():
+        if key not in defaults:
+            raise PosbenchError(f"{kind} {name!r} {where} has no parameter {key!r}"
+                                + (f" (it takes {', '.join(defaults)})" if defaults else ""))
+        what = f"parameter {key} of {kind} {name!r} {where}"
+        if isinstance(defaults[key], bool):
+            if value.lower() not in ("true", "false"):
+                raise PosbenchError(f"{what} must be true or false, got {value!r}")
+            out[key] = value.lower() == "true"
+            continue
+        try:
+            out[key] = check_number(type(defaults[key])(check_number(float(value), what)), what)
+        except ValueError:
+            raise PosbenchError(f"parameter {key}={value!r} of {kind} {name!r} {where} must be a number") from None
+    return tuple(sorted((k, v) for k, v in out.items() if v != defaults[k]))
+
+
+def _check_modifiers(layer: LayerSpec, where: str) -> None:
+    if layer.modifier("sink") is not None and "weights" in get_scheme(layer.scheme).hooks:
+        raise PosbenchError(f"a sink is one more softmax column, and {layer.scheme!r} {where} replaces the "
+                            "softmax (its weights hook): it takes no sink")
 
 
 def _name_and_params(text: str, where: str) -> tuple[str, dict[str, str]]:
@@ -269,6 +342,16 @@ def recorded(name: str) -> str:
     return plain[0] if plain is not None else layout.name
 
 
+def without_rope(name: str) -> str:
+    """The scheme or layout `name` with every RoPE-family layer (rope, p-rope, resonance: those
+    that take a RoPE scaling) replaced by NoPE, its span, temperature and modifiers kept: the
+    child of a DroPE extension (posbench.extend). The recorded name: ``none`` for ``rope``."""
+    parsed = parse(name)
+    pattern = tuple(dataclasses.replace(lay, scheme="none", params=())
+                    if hasattr(get_scheme(lay.scheme), "set_scaling") else lay for lay in parsed.pattern)
+    return recorded(canonical(tuple(_shortest_period(list(pattern)))))
+
+
 def run_prefix(name: str) -> str:
     """The run_id prefix of a scheme, preset or spec: itself where it is a safe file name."""
     return re.sub(r"[^A-Za-z0-9.+_-]", "_", name)
@@ -287,17 +370,21 @@ def relative(layout: Layout) -> bool:
 @dataclass
 class LayerPlan:
     """What one layer does in one forward: its scheme, the context shared by the layers of the
-    same (scheme, span), and the factor its queries are multiplied by (None: none). A hook that
-    reads the layer's input x (a per-token gate) is called by the layer itself."""
+    same (scheme, span, path), the factor its queries are multiplied by (None: none), its sink
+    logits (H,) and its output gate (None: none). A hook that reads the layer's input x (a
+    per-token gate, the output gate) is called by the layer itself."""
 
     scheme: Scheme
     ctx: attention.AttnContext
     factor: torch.Tensor | None
+    sink: torch.Tensor | None = None
+    out_gate: OutputGate | None = None
 
 
 class ModelLayout(nn.Module):
-    """A layout built for a model: the distinct schemes (`schemes`, shared by their layers) and
-    one temperature per layer."""
+    """A layout built for a model: the distinct schemes (`schemes`, shared by their layers), one
+    temperature per layer, and the modifiers of the layers that have them (`sinks`, `gates`, keyed
+    by the layer's index)."""
 
     def __init__(self, layout: Layout, dims: Dims):
         super().__init__()
@@ -311,6 +398,10 @@ class ModelLayout(nn.Module):
         self.temperatures = nn.ModuleList(
             Temperature(lay.temperature, {**TEMPERATURES[lay.temperature], **dict(lay.temp_params)},
                         dims.n_heads, dims.train_len) for lay in layers)
+        self.sinks = nn.ModuleDict({str(i): Sink(dims.n_heads, p["init"]) for i, lay in enumerate(layers)
+                                    if (p := lay.modifier("sink")) is not None})
+        self.gates = nn.ModuleDict({str(i): OutputGate(dims.d_model, dims.n_heads, p["elementwise"])
+                                    for i, lay in enumerate(layers) if (p := lay.modifier("gate")) is not None})
         inputs = [i for i, s in enumerate(self.schemes) if INPUT_HOOKS & set(s.hooks)]
         self.input = inputs[0] if inputs else None
 
@@ -338,26 +429,29 @@ class ModelLayout(nn.Module):
 
     def backend(self, layer: int, device, forced: str | None = None) -> str:
         return forced or attention.choose_backend(self.schemes[self.layer_scheme[layer]], device,
-                                                  self.spans[layer])
+                                                  self.spans[layer], sink=str(layer) in self.sinks)
 
     def backends(self, device, forced: str | None = None) -> str:
         """The paths of the layers, as result rows record them: one, or several joined by +."""
         return "+".join(dict.fromkeys(self.backend(i, device, forced) for i in range(len(self.spans))))
 
     def plan(self, pos: torch.Tensor, forced: str | None = None) -> list[LayerPlan]:
-        """Per layer, for one forward; contexts built once per distinct (scheme, span)."""
+        """Per layer, for one forward; contexts built once per distinct (scheme, span, path): a
+        sink can send a layer down another path than its neighbours of the same scheme and span."""
         shared: dict[int, Any] = {}
-        contexts: dict[tuple[int, Span], attention.AttnContext] = {}
+        contexts: dict[tuple[int, Span, str], attention.AttnContext] = {}
         plans = []
         for layer, (s, span) in enumerate(zip(self.layer_scheme, self.spans)):
             scheme = self.schemes[s]
             if s not in shared:
                 shared[s] = scheme.prepare(pos)
-            if (s, span) not in contexts:
-                contexts[s, span] = attention.prepare(
-                    scheme, pos, self.backend(layer, pos.device, forced), span, shared[s])
+            key = (s, span, self.backend(layer, pos.device, forced))
+            if key not in contexts:
+                contexts[key] = attention.prepare(scheme, pos, key[2], span, shared[s])
             factor = self.temperatures[layer].factor(pos, span)
-            plans.append(LayerPlan(scheme, contexts[s, span], factor))
+            sink = self.sinks[str(layer)].logit if str(layer) in self.sinks else None
+            gate = self.gates[str(layer)] if str(layer) in self.gates else None
+            plans.append(LayerPlan(scheme, contexts[key], factor, sink, gate))
         return plans
 
     # What the evaluation asks of a run's schemes, answered for all of them.

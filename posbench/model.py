@@ -1,6 +1,7 @@
 """The one model every scheme shares: a small pre-norm decoder-only Transformer (GELU MLP,
 untied output head). Its layout (posbench.layout) says what each layer does: a scheme plugs in
-through its hooks (posbench.schemes.base), a span and a temperature through the attention call;
+through its hooks (posbench.schemes.base), a span, a temperature and a sink through the
+attention call, an output gate (posbench.modifiers) on the attention's output;
 nothing else changes, so two rows of a table differ only in the layout.
 
 The head is untied: the input table is where absolute schemes add their vectors, so its scale
@@ -42,13 +43,16 @@ class Attention(nn.Module):
         scheme, ctx = plan.scheme, plan.ctx
         q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
         # q, k, v: (B, H, T, D)
+        content = scheme.content(x, self.layer) if "content" in scheme.hooks else None
         if "qk" in scheme.hooks:
-            q, k = scheme.rotate(q, k, ctx.pos, ctx.shared, self.layer)
+            args = (q, k, ctx.pos, ctx.shared, self.layer)
+            q, k = scheme.rotate(*args) if content is None else scheme.rotate(*args, content)
         if plan.factor is not None:  # the layer's temperature
             q = q * plan.factor.to(q.dtype)
         gate = scheme.gate(x, self.layer) if "gate" in scheme.hooks else None  # (B, H, T)
-        content = scheme.content(x, self.layer) if "content" in scheme.hooks else None
-        y = attention.attend(q, k, v, scheme, ctx, self.layer, gate, content)  # (B, H, T, D)
+        y = attention.attend(q, k, v, scheme, ctx, self.layer, gate, content, plan.sink)  # (B, H, T, D)
+        if plan.out_gate is not None:
+            y = plan.out_gate(x, y)
         return self.proj(y.transpose(1, 2).reshape(b, t, d))
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import TINY_MODEL, TINY_PASSKEY, TINY_TASK, TINY_TRAIN, tiny_model
-from posbench import config, extend, results
+from posbench import config, extend, layout, results
 from posbench.cli import main
 from posbench.errors import PosbenchError
 from posbench.positions import pose_positions
@@ -358,3 +358,49 @@ def test_probe_examples_take_pose_positions_up_to_the_target():
         assert pos[0] == 0 and pos.shape == (32,) and bool((pos.diff() > 0).all()) and int(pos[-1]) < 128
         seen.add(int(pos[-1]))
     assert max(seen) > 64
+
+
+def test_drope_child_is_nope_on_the_parents_weights_at_the_parents_length(parent):
+    """DroPE: every RoPE layer becomes NoPE, the parent's tokens at L in L'/L as many steps, the
+    reference's optimizer settings (its own lr and schedule, no weight decay); at step zero the
+    child is the parent with every rotation the identity (cos 1, sin 0), as the reference's."""
+    runs, spec = parent
+    cfg = dataclasses.replace(EXTEND, steps=(3,), drope_lr=5e-4)
+    child = extend.child_spec(spec, "drope", 3, cfg)
+    yarn = extend.child_spec(spec, "yarn", 3, cfg)
+    assert child.scheme == "none" and child.params == {} and child.original_len == 16
+    assert (child.train.train_len, child.train.steps) == (16, 6)
+    assert child.train.steps * child.train.train_len == yarn.train.steps * yarn.train.train_len
+    assert (child.train.lr, child.train.schedule, child.train.weight_decay) == (5e-4, "cosine", 0.0)
+    _, parent_model, vocab = load_trained(runs / spec.run_id)
+    model = build_model(child, vocab)
+    load_parent(model, child, runs)
+    x = torch.randint(0, vocab, (2, 16))
+    rope = parent_model.layout.schemes[0]
+    rope.angles = lambda pos: (torch.ones(len(pos), rope.rotary_dim // 2), torch.zeros(len(pos), rope.rotary_dim // 2))
+    assert torch.equal(model.eval()(x), parent_model(x))
+    assert layout.without_rope("rnope-swa") == "none@w*3/none" and layout.without_rope("rope:base=500") == "none"
+    assert layout.without_rope("p-rope+logn/alibi") == "none+logn/alibi"
+
+
+def test_drope_end_to_end_and_only_for_rope_parents(parent, corpus_dir, tmp_path, capsys):
+    """`extend --method drope` writes a child that `extrapolate` evaluates past its length; a
+    parent without RoPE is one line."""
+    import shutil
+
+    runs = tmp_path / "runs"
+    shutil.copytree(parent[0], runs)
+    task = write_task(tmp_path / "tiny.toml", corpus_dir, methods='rope = ["drope"]')
+    args = ["extend", "--runs-dir", str(runs), "--task", str(task), "--device", "cpu"]
+    assert main([*args, "--method", "drope", "--drope-lr", "3e-4"]) == 0
+    child = next(r for r in results.read_rows(runs / "runs.csv") if r["extend_method"] == "drope")
+    assert child["scheme"] == "none" and child["status"] == "ok" and child["tokens"] == str(2 * 4 * 32)
+    assert load_trained(runs / child["run_id"])[0].train.lr == 3e-4
+    assert main(["extrapolate", "--runs-dir", str(runs), "--task", str(task), "--device", "cpu"]) == 0
+    assert "none>drope@32:2" in capsys.readouterr().out
+    rows = [r for r in results.read_rows(runs / "extrapolation.csv") if r["extend_method"] == "drope"]
+    assert {r["eval_len"] for r in rows} == {"16", "32"} and {r["train_len"] for r in rows} == {"16"}
+    alibi = RunSpec("alibi", data=parent[1].data, model=TINY_MODEL, train=TINY_TRAIN, task="test")
+    train(alibi, tmp_path / "alibi", device="cpu", progress=False)
+    assert main(["extend", "--runs-dir", str(tmp_path / "alibi"), "--method", "drope", "--target-len", "32"]) == 2
+    assert "alibi has no RoPE layer to rescale: method 'drope'" in capsys.readouterr().err

@@ -253,7 +253,7 @@ def test_canonical_form(spec, canonical):
     ("rope@w0", "span 'w0'"),
     ("rope@w4@c4", "more than one span"),
     ("rope+logn+ssmax", "more than one temperature"),
-    ("rope+warm", "unknown temperature 'warm'"),
+    ("rope+warm", "unknown temperature or modifier 'warm'"),
     ("rope+", "name is missing"),
     ("rope*0", "repeat count '0'"),
     ("rope*x", "repeat count 'x'"),

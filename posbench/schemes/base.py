@@ -15,10 +15,12 @@ d model width. `pos` is a (T,) long tensor of explicit positions shared by the b
                                                function serves the materialized (H, T, T) mask and
                                                FlexAttention's score_mod
 - logits  ``logits(q, k, pos, ctx, layer) -> s``  the full pre-softmax scores (B, H, T, T)
-- content ``content(x, layer) -> z``           what the logits hook reads of the layer's input
-                                               x (B, T, d) (PaTH's Householder steps), any
-                                               tensors; a scheme with it takes z as a sixth
-                                               argument: ``logits(q, k, pos, ctx, layer, z)``
+- content ``content(x, layer) -> z``           what the logits or qk hook reads of the layer's
+                                               input x (B, T, d) (PaTH's Householder steps,
+                                               Selective RoPE's angles), any tensors; a scheme
+                                               with it takes z as a sixth argument:
+                                               ``logits(q, k, pos, ctx, layer, z)``,
+                                               ``rotate(q, k, pos, ctx, layer, z)``
 - values  ``values(attn, pos, ctx, layer) -> o``  a term added to attn @ v, (B, H, T, D)
 - gate    ``gate(x, layer) -> c``              per-token scalars from the layer's input x
                                                (B, T, d): c (B, H, T) float32, added to the

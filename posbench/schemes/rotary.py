@@ -546,3 +546,146 @@ class XPos(Scheme):
         cos, sin, scale = (t.to(q.dtype) for t in ctx)
         # rotate_half is linear in (cos, sin): scaling both scales the rotated pair
         return rotate_half(q, cos * scale, sin * scale), rotate_half(k, cos / scale, sin / scale)
+
+
+@register
+class GRAPE(Scheme):
+    """Multiplicative GRAPE (Zhang et al., ICLR 2026, "Group Representational Position Encoding"):
+    position n acts on q and k by G(n) = exp(n omega L) in SO(D), L = a b^T - b a^T a rank-2
+    skew generator, exp(theta L) = I + sin(theta) L + (1 - cos(theta)) L^2 for orthonormal a, b
+    (the Rodrigues form). With D/2 commuting generators on the canonical planes, here
+    (a_t, b_t) = (e_{t+D/2}, e_t) (half-split pairs), G(n) = prod_t exp(n omega_t L_t) turns
+    pair t by n omega_t, and q_m^T G(m)^T G(n) k_n = q_m^T G(n - m) k_n: the relative law.
+
+    As the reference's `MSGRAPECommuting` (model-architectures/GRAPE
+    `model/llama-mha-grape-m-nonctx.py`): omega_t learned, kept positive as exp(w_t / c), w_t
+    starting at c log(base^(-2t/D)), RoPE's spectrum; c = `lr_scale` (its grape_log_freq_scale,
+    16) slows the frequencies' learning by c; one spectrum shared by the heads (`per_head=true`:
+    one per head, (H, D/2)); angles n omega_t in float32. The reference's planes are (e_t,
+    e_{t+D/2}), which turns each pair the other way: the same model up to the sign of the second
+    half of q and k. With `learn=false` the frequencies stay RoPE's and grape is `rope`.
+
+    Not here: the paper's learned (non-canonical) planes and non-commuting mixtures, which its
+    code does not implement, and its contextual variant (grape-m-ctx). The reference model also
+    applies a learnable RMSNorm to q and k (use_qk_rmsnorm) and decays the frequencies (weight
+    decay 0.01 on every tensor but the norms'); the model here is the one every scheme shares, and
+    the frequencies take no weight decay. q, k (B, H, T, D). Path: sdpa-causal (flash on CUDA)."""
+
+    name = "grape"
+    family = "rotary"
+    relative = True
+    hooks = ("qk",)
+    reference = "Zhang et al., ICLR 2026, arXiv:2512.07805 (model-architectures/GRAPE)"
+    notes = ("G(n) = exp(n omega L), rank-2 skew generators on RoPE's planes: pairs turned by "
+             "n omega_t, omega_t = exp(w_t / c) learned from RoPE's spectrum")
+    defaults = {"base": 10000.0, "learn": True, "per_head": False, "lr_scale": 16.0}
+    no_weight_decay = ("log_freq",)
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        if self.head_dim % 2:
+            raise PosbenchError(f"{self.name} needs an even head dimension, got {self.head_dim}")
+        if self.p["lr_scale"] <= 0:
+            raise PosbenchError(f"{self.name}: lr_scale must be > 0, got {self.p['lr_scale']}")
+        if self.p["base"] <= 1:
+            raise PosbenchError(f"{self.name}: base must be > 1, got {self.p['base']}")
+        inv = self.p["base"] ** -(torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
+        init = inv.log() * self.p["lr_scale"]  # (D/2,)
+        if self.p["per_head"]:
+            init = init.repeat(dims.n_heads, 1)  # (H, D/2)
+        if self.p["learn"]:
+            self.log_freq = nn.Parameter(init)
+        else:
+            self.register_buffer("log_freq", init)
+
+    def prepare(self, pos):
+        freq = torch.exp(self.log_freq.float() / self.p["lr_scale"])  # (D/2,) or (H, D/2)
+        angle = pos.float()[:, None] * freq[..., None, :]  # (T, D/2) or (H, T, D/2)
+        return angle.cos(), angle.sin()
+
+    def rotate(self, q, k, pos, ctx, layer):
+        cos, sin = (t.to(q.dtype) for t in ctx)
+        return rotate_half(q, cos, sin), rotate_half(k, cos, sin)
+
+
+@register
+class SelectiveRoPE(Scheme):
+    """Selective RoPE (Movahedi, Carstensen et al., ICLR 2026, "Selective Rotary Position
+    Embedding"; timurcarstensen/selective-rope): rotation angles that depend on the input. Per
+    layer, from its input x_t (after the norm), split into H chunks each scaled to unit length:
+
+        phi_t   = conv_K(U V x^_t)           (B, T, H, P), P = D/2; V (r, d), U (H P, r): a
+                                             low-rank map, conv_K a causal depthwise convolution
+                                             of K taps over time
+        Phi_t   = sum_{s <= t} phi_s          (a cumulative phase per head and pair)
+        angle   = theta_p Phi_t,  theta_p = base^(-2p/D)
+
+    and pair p of q_t and of k_t is turned by angle_{t,p} (half-split, as `rope`). The angles
+    read the content only, never a position index; a token adds phi_t to every later angle, so
+    q_i.k_j turns by theta (Phi_i - Phi_j), the phases of the tokens between them. With `bias`,
+    phi_t + exp(beta) (beta (H, P), 0 at init): with the maps at zero every phi is 1, Phi_t = t + 1,
+    and the scheme is `rope` with this base.
+
+    As the reference's `SelectiveRoPE` (src/selective_rope/modules/rotary.py) with its language-
+    modelling settings (configs/language_modeling/model/position_embedding/selective_rope.yaml):
+    low-rank phi (phi_proj_rank 32), the short convolution (4 taps, no bias, no activation), the
+    fixed RoPE-type temperature with theta 500000 and temp_max 1, no bias, no phase gate; the
+    reference's torch path (not its Triton kernel), angles and rotations in float32; weights
+    N(0, 0.02) as its initializer_range (Linear and Conv1d alike). Not here: the phase gate and
+    the "rfa" temperature, off in those settings.
+
+    Parameters per layer, stacked (L, ...), shared by the layers that use the scheme. Path:
+    sdpa-causal (the content hook feeds the rotation, not the logits)."""
+
+    name = "selective-rope"
+    family = "rotary"
+    relative = True
+    takes_positions = False
+    hooks = ("content", "qk")
+    reference = ("Movahedi, Carstensen et al., ICLR 2026, openreview.net/forum?id=AQo1SEElNb "
+                 "(timurcarstensen/selective-rope)")
+    notes = ("angles theta_p sum_{s<=t} phi_s, phi = causal conv of a low-rank map of the layer's "
+             "input: input-dependent rotations; theta base 5e5")
+    defaults = {"base": 500000.0, "rank": 32, "conv": 4, "bias": False}
+    no_weight_decay = ("phi_bias",)
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        if self.head_dim % 2:
+            raise PosbenchError(f"{self.name} needs an even head dimension, got {self.head_dim}")
+        for key in ("rank", "conv"):
+            if self.p[key] < 1:
+                raise PosbenchError(f"{self.name}: {key} must be >= 1, got {self.p[key]}")
+        if self.p["base"] < 1:
+            raise PosbenchError(f"{self.name}: base must be >= 1, got {self.p['base']}")
+        layers, heads, d = dims.n_layers, dims.n_heads, dims.d_model
+        pairs = self.head_dim // 2
+        self.down = nn.Parameter(torch.randn(layers, self.p["rank"], d) * 0.02)
+        self.up = nn.Parameter(torch.randn(layers, heads * pairs, self.p["rank"]) * 0.02)
+        self.conv_weight = nn.Parameter(torch.randn(layers, heads * pairs, self.p["conv"]) * 0.02)
+        if self.p["bias"]:
+            self.phi_bias = nn.Parameter(torch.zeros(layers, heads, pairs))
+        theta = self.p["base"] ** -(torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
+        self.register_buffer("theta", theta, persistent=False)  # (P,)
+
+    def undecayed(self):
+        return [self.phi_bias] if self.p["bias"] else []
+
+    def content(self, x, layer):
+        """x (B, T, d) -> cos, sin (B, H, T, P) of this layer's angles, float32."""
+        b, t, d = x.shape
+        chunks = x.float().view(b, t, self.n_heads, -1)
+        unit = chunks * torch.rsqrt(chunks.pow(2).sum(-1, keepdim=True) + 1e-6)  # fla's l2_norm
+        phi = unit.view(b, t, d) @ self.down[layer].T @ self.up[layer].T  # (B, T, H P)
+        taps = self.p["conv"]
+        phi = F.conv1d(phi.transpose(1, 2), self.conv_weight[layer][:, None, :], padding=taps - 1,
+                       groups=phi.shape[-1])[..., :t]  # (B, H P, T): causal, tap K-1 on token t
+        phi = phi.view(b, self.n_heads, -1, t)  # (B, H, P, T)
+        if self.p["bias"]:
+            phi = phi + self.phi_bias[layer].exp()[..., None]
+        angle = (phi.cumsum(-1) * self.theta[:, None]).transpose(-1, -2)  # (B, H, T, P)
+        return angle.cos(), angle.sin()
+
+    def rotate(self, q, k, pos, ctx, layer, content):
+        cos, sin = content
+        return rotate_half(q.float(), cos, sin).to(q.dtype), rotate_half(k.float(), cos, sin).to(k.dtype)
