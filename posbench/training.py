@@ -87,14 +87,25 @@ class RunSpec:
             out["layout"] = str(lay)
         if self.extension is not None:  # likewise a run trained from scratch
             out["extension"] = self.extension.identity()
+        revisions = self.revisions()
+        if revisions:  # a scheme at its first revision leaves the run_id as it was
+            out["revisions"] = revisions
         sources = self.plugin_sources()
         if sources:  # a run of built-ins keeps its run_id; a plug-in's bytes name the run
             out["plugins"] = sorted({s.sha256 for s in sources})
         return out
 
+    def scheme_classes(self) -> list[type]:
+        """The scheme class of every layer of the run's layout."""
+        return [get_scheme(layer.scheme) for layer in layout.parse(self.scheme).pattern]
+
+    def revisions(self) -> dict[str, int]:
+        """The schemes of this run past their first revision (Scheme.revision), by name."""
+        return {cls.name: cls.revision for cls in self.scheme_classes() if cls.revision > 1}
+
     def plugin_sources(self) -> list[plugins.Source]:
         """The plug-ins whose classes this run uses (its schemes' and its probe's)."""
-        classes = [get_scheme(layer.scheme) for layer in layout.parse(self.scheme).pattern]
+        classes = self.scheme_classes()
         if is_probe(self.data):
             classes.append(PROBES[probe_name(self.data.spec)])
         found = {s.path: s for s in map(plugins.source_of, classes) if s is not None}
@@ -392,6 +403,9 @@ def load_spec(run_dir: Path) -> tuple[RunSpec, dict]:
             raise TypeError(f"vocab_size must be a positive integer, got {vocab!r}")
     except (OSError, ValueError, KeyError, TypeError, PosbenchError) as e:
         raise PosbenchError(f"unreadable run config in {run_dir}: {e}") from None
+    if raw.get("revisions", {}) != spec.revisions():
+        raise PosbenchError(f"run {raw.get('run_id', run_dir.name)} was trained by scheme revisions "
+                            f"{raw.get('revisions', {})}, posbench has {spec.revisions()}: train it again")
     return spec, raw
 
 

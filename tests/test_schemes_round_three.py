@@ -99,6 +99,38 @@ def test_pope_offsets_are_learned_per_layer():
     assert grad.shape == (2, 4, 8) and (grad.flatten(1).abs().sum(1) > 0).all()
 
 
+def test_pope_phase_offset_takes_no_weight_decay_and_its_revision_names_the_run(tmp_path):
+    """delta (L, H, D) is 2-D yet a bias: out of AdamW's decay, while the model's matrices decay;
+    the change is pope's revision 2, in its run_id, and a run of revision 1 is refused."""
+    import json
+
+    from conftest import TINY_MODEL, TINY_TRAIN
+    from posbench.config import TrainConfig
+    from posbench.training import RunSpec, load_spec, make_optimizer
+
+    model = tiny_model("pope")
+    opt = make_optimizer(model, TrainConfig(weight_decay=0.1))
+    decay = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    phase = model.layout.schemes[0].phase
+    assert phase.dim() == 3 and id(phase) not in decay and id(model.head.weight) in decay
+    with torch.no_grad():
+        phase.fill_(-1.0)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()  # zero gradients: only decay could move it
+    assert torch.equal(phase, torch.full_like(phase, -1.0))
+
+    spec = RunSpec("pope", model=TINY_MODEL, train=TINY_TRAIN)
+    assert spec.identity()["revisions"] == {"pope": 2}
+    assert "revisions" not in RunSpec("rope", model=TINY_MODEL, train=TINY_TRAIN).identity()
+    raw = {**spec.to_json(), "vocab_size": 50}
+    assert raw["revisions"] == {"pope": 2}
+    del raw["revisions"]  # as a run of revision 1 recorded it
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(PosbenchError, match="revision"):
+        load_spec(tmp_path)
+
+
 # --- dape --------------------------------------------------------------------------------------
 
 def reference_kerple_c(x, p, a, mlp):

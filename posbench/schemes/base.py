@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 from torch import nn
@@ -56,6 +56,51 @@ def check_number(value: Any, what: str) -> Any:
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
         raise PosbenchError(f"{what} is too large: {value} (at most {MAX_INT})")
     return value
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a scheme parameter may take, declared beside its default in the scheme's
+    `ranges`: `positive`, `non_negative`, `at_least(1)`, `above(1)`, `between(0, 1)`,
+    `one_of("log", "power")`, combined with `&`. `coerce_params` refuses any other value in one
+    line, before anything is built or written."""
+
+    says: str  # completes "parameter KEY of scheme NAME must be ..."
+    holds: Callable[[Any], bool]
+    choices: tuple = ()  # the values of a `one_of`, which an unknown one is matched against
+
+    def __and__(self, other: Range) -> Range:
+        return Range(f"{self.says} and {other.says}", lambda v: self.holds(v) and other.holds(v))
+
+
+def at_least(low) -> Range:
+    return Range(f">= {low}", lambda v: v >= low)
+
+
+def above(low) -> Range:
+    return Range(f"> {low}", lambda v: v > low)
+
+
+def below(high) -> Range:
+    return Range(f"< {high}", lambda v: v < high)
+
+
+def between(low, high) -> Range:
+    """low <= value <= high."""
+    return Range(f"in [{low}, {high}]", lambda v: low <= v <= high)
+
+
+def one_of(*choices) -> Range:
+    return Range(f"one of {', '.join(map(str, choices))}", lambda v: v in choices, tuple(choices))
+
+
+positive = above(0)
+non_negative = at_least(0)
+even = Range("even", lambda v: v % 2 == 0)
+# The most rows, units, buckets or taps a size parameter may ask for: beyond it a table or a
+# hidden layer outgrows memory long before a tiny model could use it.
+MAX_SIZE = 2**16
+size = between(1, MAX_SIZE)  # a count of rows, units, buckets or taps
 
 
 class PositionLimitError(PosbenchError):
@@ -80,7 +125,8 @@ class Dims:
 
 
 def coerce_params(cls: type[Scheme], given: dict[str, Any]) -> dict[str, Any]:
-    """Defaults of `cls` overridden by `given`, each value cast to its default's type."""
+    """Defaults of `cls` overridden by `given`, each value cast to its default's type and checked
+    against the range `cls.ranges` declares for it."""
     out = dict(cls.defaults)
     for key, value in given.items():
         if key not in cls.defaults:
@@ -98,7 +144,18 @@ def coerce_params(cls: type[Scheme], given: dict[str, Any]) -> dict[str, Any]:
             raise PosbenchError(
                 f"parameter {key}={value!r} of scheme {cls.name!r} must be {type(default).__name__}"
             ) from None
+        check_range(cls, key, out[key])
     return out
+
+
+def check_range(cls: type[Scheme], key: str, value: Any) -> None:
+    """One line when `value` is outside the range `cls` declares for parameter `key`."""
+    allowed = cls.ranges.get(key)
+    if allowed is None or allowed.holds(value):
+        return
+    if allowed.choices and isinstance(value, str):
+        raise did_you_mean(value, allowed.choices, f"value of parameter {key} of scheme {cls.name!r}")
+    raise PosbenchError(f"parameter {key} of scheme {cls.name!r} must be {allowed.says}, got {value}")
 
 
 def identity_params(cls: type[Scheme], params: dict[str, Any]) -> dict[str, Any]:
@@ -117,7 +174,12 @@ class Scheme(nn.Module):
     reference: ClassVar[str] = ""
     extrapolates: ClassVar[str] = "yes"  # yes | no | extension (needs an eval-time policy)
     notes: ClassVar[str] = ""
+    # The scheme in one line of plain-text maths, shown by `posbench schemes` and on the catalogue
+    # page (posbench/docs/schemes.md). Notation: query i (or m), key j (or n), head dim D.
+    formula: ClassVar[str] = ""
     defaults: ClassVar[dict[str, Any]] = {}
+    # The valid values of each parameter (`Range`), checked whenever parameters are resolved.
+    ranges: ClassVar[dict[str, Range]] = {}
     relative: ClassVar[bool] = False  # outputs unchanged when every position shifts by a constant
     takes_positions: ClassVar[bool] = True  # integer positions (the randomized modifier applies)
     owns_token_embedding: ClassVar[bool] = False  # the input hook builds token embeddings itself
@@ -128,6 +190,9 @@ class Scheme(nn.Module):
     # optimizer decays every other tensor of 2 or more dimensions): biases stacked per layer and
     # head, which the references keep out of weight decay.
     no_weight_decay: ClassVar[tuple[str, ...]] = ()
+    # Raised when a scheme's training numerics change; from 2 on it enters the run_id, so a run
+    # of the earlier revision keeps its results and a new one trains beside it.
+    revision: ClassVar[int] = 1
 
     def __init__(self, dims: Dims):
         super().__init__()

@@ -194,6 +194,8 @@ class RoPE(Scheme):
     (pi, ntk, yarn, longrope: posbench.extend) keeps it as its `trained` scaling. q, k (B, H, T, D)."""
 
     name = "rope"
+    formula = ("pair t of q at m turned by m theta_t, of k at n by n theta_t, theta_t = base^(-2t/r), r = "
+               "floor(fraction D) dims rotated; q.k depends on m - n only")
     family = "rotary"
     relative = True
     hooks = ("qk",)
@@ -308,6 +310,8 @@ class PRoPE(RoPE):
     base^(-1/2). Eval-time scaling acts on the full spectrum, then the dropped pairs are zeroed."""
 
     name = "p-rope"
+    formula = ("rope over the whole head, theta_t = base^(-2t/D) kept for t < floor(p D/2), the lower "
+               "frequencies set to 0")
     reference = "Barbero et al., ICLR 2025, arXiv:2410.06205"
     notes = ("half-split (NeoX) pairs over the whole head; the lowest (1-p) of the frequencies "
              "base^(-2t/D) set to 0; eval-time scaling as rope")
@@ -351,6 +355,7 @@ class Resonance(RoPE):
     Half-split pairs and `fraction` as `rope`. Path: sdpa-causal (flash on CUDA)."""
 
     name = "resonance"
+    formula = "rope with integer wavelengths: theta_t replaced by 2 pi / round(2 pi / theta_t)"
     reference = "Wang et al. 2024, arXiv:2403.00071 (sheryc/resonance_rope)"
     notes = ("rope with integer wavelengths round(2 pi/theta); eval-time scaling as rope, rounded "
              "after it (yarn: Resonance-YaRN)")
@@ -384,17 +389,28 @@ class PoPE(Scheme):
     layer, as the paper plots (Figs. 7-8), where x-transformers shares one across layers. As the
     references, magnitudes and phases in float32, then cast back.
 
+    delta takes no weight decay, though (L, H, D): it is a bias of the phase (the paper's
+    "learnable bias", x-transformers' `bias`), and posbench keeps biases out of decay, as it does
+    the gate biases. The authors' training code is not public; PoPE-pytorch's enwik8 trainer decays
+    every parameter alike (AdamW's default 0.01 on norms and biases too), which says nothing about
+    delta in particular. Decay would pull delta toward 0, one end of its clamp, a preference the
+    paper does not describe. Revision 2 (delta undecayed) enters the run_id.
+
     Path: sdpa-causal. On CUDA, SDPA takes its memory-efficient kernel: flash needs q, k and v of
     one head dim, and here q, k are 2D wide."""
 
     name = "pope"
+    formula = ("s_ij = sum_c softplus(q_c) softplus(k_c) cos((j - i) theta_c + delta_c) / sqrt(D), theta_c ="
+               " base^(-c/D), delta learned in [-2 pi, 0]")
     family = "rotary"
     relative = True
     hooks = ("qk",)
     reference = "Gopalakrishnan et al. 2025, arXiv:2509.10534 (lucidrains/x-transformers PolarEmbedding)"
     notes = ("softplus magnitudes, phases at base^(-c/D) per element plus a learned key offset "
-             "per layer and head in [-2 pi, 0]; q, k 2D wide, v D")
+             "per layer and head in [-2 pi, 0], a bias: no weight decay; q, k 2D wide, v D")
     defaults = {"base": 10000.0}
+    no_weight_decay = ("phase",)
+    revision = 2  # 2: the phase offset out of weight decay
 
     def __init__(self, dims):
         super().__init__(dims)
@@ -464,6 +480,9 @@ class FoPE(Scheme):
     sdpa-causal (flash on CUDA)."""
 
     name = "fope"
+    formula = ("pair m of q at n becomes (q_m C_m(n) - q_{m+D/2} S_m(n), q_{m+D/2} C_m(n) + q_m S_m(n)), C_m"
+               " = sum_k A^c_km cos(omega_k n), S_m = sum_k A^s_km sin(omega_k n), A fixed random, omega_k <"
+               " 2 pi / L dropped")
     family = "rotary"
     hooks = ("qk",)
     reference = "Hua et al., ICML 2025, arXiv:2412.17739 (TsinghuaC3I/Fourier-Position-Embedding)"
@@ -520,6 +539,8 @@ class XPos(Scheme):
     """
 
     name = "xpos"
+    formula = ("rope with pair t of q at m scaled by zeta_t^(m/gamma) and of k at n by zeta_t^(-n/gamma), so"
+               " the logit carries zeta_t^((m - n)/gamma), zeta_t = (2t/D + 0.4) / 1.4")
     family = "rotary"
     relative = True
     hooks = ("qk",)
@@ -572,6 +593,8 @@ class GRAPE(Scheme):
     the frequencies take no weight decay. q, k (B, H, T, D). Path: sdpa-causal (flash on CUDA)."""
 
     name = "grape"
+    formula = ("q, k at n multiplied by G(n) = exp(n sum_t omega_t L_t), L_t rank-2 skew generators on the "
+               "rotary planes: pair t turned by n omega_t, omega_t = exp(w_t / c) learned")
     family = "rotary"
     relative = True
     hooks = ("qk",)
@@ -638,6 +661,8 @@ class SelectiveRoPE(Scheme):
     sdpa-causal (the content hook feeds the rotation, not the logits)."""
 
     name = "selective-rope"
+    formula = ("rope with angle theta_p Phi_t in place of t theta_p, Phi_t = sum_{s<=t} phi_s, phi = causal "
+               "conv of a low-rank map of the layer's input")
     family = "rotary"
     relative = True
     takes_positions = False
