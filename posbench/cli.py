@@ -45,15 +45,19 @@ class Format(str, Enum):
     table = "table"
     csv = "csv"
     json = "json"
+    markdown = "markdown"
 
 
 @app.command()
-def schemes(fmt: Format = typer.Option(Format.table, "--format", help="table, csv or json")):
-    """List every positional scheme: family, hooks, learned parameters, extrapolation, paper."""
-    from posbench.catalogue import catalogue
+def schemes(fmt: Format = typer.Option(Format.table, "--format",
+                                       help="table, csv, json or markdown (the catalogue page, posbench/docs/schemes.md)")):
+    """List every positional scheme: family, hooks, learned parameters, extrapolation, paper, formula."""
+    from posbench.catalogue import catalogue, markdown
 
     rows = catalogue()
-    if fmt == Format.json:
+    if fmt == Format.markdown:
+        sys.stdout.write(markdown(rows))
+    elif fmt == Format.json:
         print(json.dumps(rows, indent=1))
     elif fmt == Format.csv:
         import csv
@@ -187,6 +191,8 @@ def extrapolate(
     tolerance: Optional[float] = typer.Option(None, help="effective length: perplexity within this fraction of in-distribution (default 0.1)"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     out: Optional[Path] = typer.Option(None, help="where CSVs and plots go (default: the runs directory)"),
+    attention: bool = typer.Option(False, "--attention", help="also measure attention per layer and head "
+                                   "(entropy, distance, sink and far mass): attention.csv and plots"),
 ):
     """Evaluate every trained run on the test split at every length; CSVs, a table and plots."""
     from posbench import api, effective, report, results
@@ -198,7 +204,7 @@ def extrapolate(
         yarn_beta=yarn_beta, llama3_low=llama3_low, llama3_high=llama3_high, self_extend_group=self_extend_group,
         self_extend_window=self_extend_window, rerope_window=rerope_window, rerope_leak=rerope_leak,
         learned_extension=learned_extension, position_draws=position_draws, tolerance=tolerance, device=device,
-        out=out, progress=sys.stderr.isatty())
+        out=out, attention=attention, progress=sys.stderr.isatty())
     rows = frame.attrs["rows"]
     cfg = config.replace(config.load_task(task).eval, effective_tolerance=tolerance,
                          mode=mode)
@@ -206,13 +212,18 @@ def extrapolate(
     console.print(report.ppl_table(rows, f"perplexity, {cfg.mode}", eff))
     written = [results.table_path(out_dir, t) for t in ("extrapolation", "positions", "windows", "effective_length")]
     plots = [Path(out_dir) / "extrapolation.png", Path(out_dir) / "positions.png"]
+    if attention:
+        written.append(results.table_path(out_dir, "attention"))
+        plots += [Path(out_dir) / "attention.png", Path(out_dir) / "attention_layers.png"]
     console.print(f"wrote {', '.join(map(str, written + plots))}")
 
 
 @app.command()
 def extend(
     method: str = typer.Option(..., help="comma-separated: plain, pi, ntk, yarn, longrope, pose+plain, pose+pi, "
-                                         "pose+ntk, pose+yarn, drope"),
+                                         "pose+ntk, pose+yarn, drope. longrope is long-factors-only: its searched "
+                                         "factors apply at every length (transformers switches to short_factor "
+                                         "up to the parent's length; posbench searches no short factors)"),
     runs_dir: Path = typer.Option(Path("runs"), help="where the parent runs are; children go beside them"),
     scheme: Optional[List[str]] = typer.Option(None, help="only parents of these schemes (repeatable or comma-separated)"),
     task: Optional[str] = typer.Option(None, help="task whose [extend] settings are the defaults"),
@@ -329,6 +340,7 @@ def run(
         f"finished; evaluated {done['evaluated']}, skipped {done['skipped_eval']}; probed {done['probes']}, "
         f"skipped {done['skipped_probes']}; speed rows {done['speed']}"
     )
+    _warn_mixed_machines(out_dir)
     path = report.write_report(out_dir, t.eval.effective_tolerance, t.eval.effective_threshold)
     from posbench import effective, results
 
@@ -454,7 +466,17 @@ def report_cmd(
                 incoming.append((table, rows))
     for table, rows in incoming:
         results.merge_rows(directory, table, rows)
+    _warn_mixed_machines(directory)
     console.print(f"wrote {report.write_report(directory, tolerance, threshold)}")
+
+
+def _warn_mixed_machines(directory: Path) -> None:
+    """One line when the folder's runs were trained on machines of different kinds."""
+    from posbench import machine, results
+
+    line = machine.mixture(results.read_rows(results.table_path(directory, "runs")), str(directory))
+    if line:
+        err.print(f"warning: {line}", markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()

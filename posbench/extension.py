@@ -8,7 +8,12 @@ Methods, with s = L' / L (L: the parent's training length, L': the target):
 - `pi`, `ntk`, `yarn`: posbench's eval-time formulas (posbench.schemes.rotary) at the fixed s,
   in training and at evaluation (YaRN with its attention factor 0.1 ln s + 1);
 - `longrope`: per-pair factors searched on validation loss at L' before fine-tuning (SCHEMES.md
-  36), with the attention factor sqrt(1 + ln s / ln L);
+  36), with the attention factor sqrt(1 + ln s / ln L). posbench's variant is long-factors-only:
+  the searched factors apply at every length. transformers' `longrope` holds two sets and takes
+  `short_factor` for windows up to the original length L (`long_factor` beyond), and LongRoPE
+  searches the short set separately (section 3.3) to recover short-context quality; posbench
+  searches no short set, so a child's windows of L or fewer tokens are read with the long factors
+  (and the attention factor), and its perplexity there measures that, not transformers' model;
 - `pose+R` (R one of plain, pi, ntk, yarn): fine-tune at L with PoSE's skip-wise positions
   covering L' (posbench.positions.pose_positions), under the rescaling R;
 - `drope` (Gelberg et al. 2025, DroPE): the child's layout is the parent's with every RoPE layer

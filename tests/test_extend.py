@@ -35,6 +35,29 @@ def test_longrope_matches_transformers_with_given_factors():
     assert same.tolist() == pytest.approx(pi.tolist())  # lambda = s is PI (the factor aside)
 
 
+def test_longrope_is_long_factors_only_and_says_so(capsys):
+    """posbench's longrope applies its searched factors, and the attention factor, at every
+    length, windows up to the parent's L included (transformers would take short_factor there);
+    the catalogue and `extend --help` name the variant."""
+    from posbench.catalogue import catalogue
+
+    factors = (1.0, 1.5, 2.0, 4.0)
+    scaling = RopeScaling("longrope", 4.0, factors=factors)
+    long = rope_frequencies(D, BASE, L, scaling, 256)
+    for length in (8, L // 2, L):
+        inv, m = rope_frequencies(D, BASE, L, scaling, length)
+        assert inv.tolist() == long[0].tolist() and m == long[1] == pytest.approx(1.1547005383792515)
+    rope = tiny_model("rope", train_len=L)
+    rope.layout.schemes[0].set_trained_scaling(scaling)
+    cos, _ = rope.layout.schemes[0].angles(torch.arange(L // 2))  # a window of L/2 tokens
+    want = torch.arange(L // 2, dtype=torch.float64)[:, None] * long[0][None]
+    assert torch.allclose(cos, (want.cos() * long[1]).float())
+    notes = next(r["notes"] for r in catalogue() if r["name"] == "rope")
+    assert "longrope is long-factors-only" in notes and "short_factor" in notes
+    assert main(["extend", "--help"]) == 0
+    assert "long-factors-only" in " ".join(capsys.readouterr().out.split())
+
+
 def test_longrope_seeds_reproduce_pi_ntk_and_yarn():
     """The search's seeds, as factors, give the frequencies of PI, NTK and YaRN at s = 4."""
     seeds = extend.seed_factors(D // 2, BASE, L, 4.0)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posbench.errors import PosbenchError, did_you_mean
-from posbench.schemes.base import Scheme
+from posbench.schemes.base import Scheme, at_least, between, frequency_base, positive, size
 from posbench.schemes.registry import register
 from posbench.schemes.tables import GrowingTable, position_count
 
@@ -132,7 +132,8 @@ def rope_frequencies(
         return ntk_base(base, ratio, dim) ** -exponent, 1.0
     if kind == "longrope":
         # transformers' `_compute_longrope_parameters`: 1 / (lambda_t base^(2t/d)), cos and sin times
-        # sqrt(1 + ln s / ln L); the factors apply at every position (no n^ of the paper)
+        # sqrt(1 + ln s / ln L); the factors apply at every position (no n^ of the paper) and at
+        # every length: long factors only, no short_factor up to L (posbench.extension)
         return inv / torch.tensor(scaling.factors, dtype=torch.float64), math.sqrt(1 + math.log(s) / math.log(train_len))
     if kind in ("yarn", "llama3"):  # by parts: each pair between kept and divided by s
         if kind == "yarn":
@@ -202,8 +203,10 @@ class RoPE(Scheme):
     reference = "Su et al. 2021, arXiv:2104.09864; fraction: GPT-NeoX rotary_pct (Black et al. 2022, arXiv:2204.06745)"
     extrapolates = "yes"
     notes = ("half-split (NeoX) pairs; fraction p rotates the first floor(p*D) dims at base^(-2t/r); "
-             "eval-time scaling " + ", ".join(SCALINGS[1:]))
+             "eval-time scaling " + ", ".join(SCALINGS[1:]) + "; extend's longrope is long-factors-only "
+             "(its searched factors at every length, no short_factor up to L as transformers)")
     defaults = {"base": 10000.0, "fraction": 1.0}
+    ranges = {"base": frequency_base, "fraction": between(0, 1)}
     added_params = ("fraction",)
 
     def __init__(self, dims):
@@ -409,6 +412,7 @@ class PoPE(Scheme):
     notes = ("softplus magnitudes, phases at base^(-c/D) per element plus a learned key offset "
              "per layer and head in [-2 pi, 0], a bias: no weight decay; q, k 2D wide, v D")
     defaults = {"base": 10000.0}
+    ranges = {"base": frequency_base}
     no_weight_decay = ("phase",)
     revision = 2  # 2: the phase offset out of weight decay
 
@@ -489,6 +493,7 @@ class FoPE(Scheme):
     notes = ("RoPE pairs as Fourier series with fixed random coefficients per layer and head; "
              "frequencies below 2 pi/train_len dropped, min(M, D/4) series, the rest padded with 1")
     defaults = {"base": 10000.0, "sigma": 0.3, "floor": True}
+    ranges = {"base": frequency_base, "sigma": between(0, MAX_SIGMA)}
 
     def __init__(self, dims):
         super().__init__(dims)
@@ -548,6 +553,7 @@ class XPos(Scheme):
     extrapolates = "yes"
     notes = "half-split (NeoX) pairs; decay zeta^((m-n)/gamma), centred on the window midpoint"
     defaults = {"base": 10000.0, "gamma": 512.0}
+    ranges = {"base": frequency_base, "gamma": at_least(1)}
 
     def __init__(self, dims):
         super().__init__(dims)
@@ -602,6 +608,7 @@ class GRAPE(Scheme):
     notes = ("G(n) = exp(n omega L), rank-2 skew generators on RoPE's planes: pairs turned by "
              "n omega_t, omega_t = exp(w_t / c) learned from RoPE's spectrum")
     defaults = {"base": 10000.0, "learn": True, "per_head": False, "lr_scale": 16.0}
+    ranges = {"base": frequency_base, "lr_scale": positive}
     no_weight_decay = ("log_freq",)
 
     def __init__(self, dims):
@@ -672,6 +679,7 @@ class SelectiveRoPE(Scheme):
     notes = ("angles theta_p sum_{s<=t} phi_s, phi = causal conv of a low-rank map of the layer's "
              "input: input-dependent rotations; theta base 5e5")
     defaults = {"base": 500000.0, "rank": 32, "conv": 4, "bias": False}
+    ranges = {"base": frequency_base, "rank": size, "conv": size}
     no_weight_decay = ("phi_bias",)
 
     def __init__(self, dims):
