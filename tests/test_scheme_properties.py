@@ -58,8 +58,16 @@ def test_absolute_schemes_see_positions(name):
     assert not torch.allclose(a, b, atol=SHIFT_ATOL)
 
 
+def reads_positions(name: str) -> bool:
+    """Some layer of the spec reads integer positions."""
+    return any(SCHEMES[lay.scheme].takes_positions for lay in layout.parse(name).pattern)
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_runs_at_8x_training_length(name):
+    """A window of 8x the training length runs to finite outputs (or is refused past a declared
+    limit); and the same T tokens placed at the end of it (positions 7T..8T-1) give the outputs
+    they give at 0..T-1 for relative schemes, other outputs for schemes that read positions."""
     model = tiny_model(name)
     limit = model.layout.schemes[0].position_limit()
     x = torch.randint(0, 50, (1, 8 * T))
@@ -69,7 +77,13 @@ def test_runs_at_8x_training_length(name):
         return
     with torch.no_grad():
         out = model(x)
+        near, far = model(x[:, :T], torch.arange(T)), model(x[:, :T], torch.arange(T) + 7 * T)
     assert torch.isfinite(out).all()
+    assert torch.equal(out[:, :T], near) or torch.allclose(out[:, :T], near, atol=1e-6)
+    if layout.relative(layout.parse(name)):
+        assert torch.allclose(near, far, atol=SHIFT_ATOL), (near - far).abs().max()
+    elif reads_positions(name):
+        assert not torch.allclose(near, far, atol=SHIFT_ATOL)
 
 
 @pytest.mark.parametrize("name", ALL)
