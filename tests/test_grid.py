@@ -2,6 +2,7 @@
 
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -113,6 +114,75 @@ def test_shards_partition_the_grid_and_merge_to_the_full_rows(task_file, full_ru
     assert "## Effective length" in report and "### tiny" in report
     assert len(key_rows(tmp_path / "s1", "effective_length")) == 2 + 2 + 2 * 2  # none, rope: 2 seeds; learned: 2 seeds x 2 extensions
     assert main(["report", str(tmp_path / "s1"), "--threshold", "1.5"]) == 2
+
+
+def test_report_and_plots_hold_the_rows(full_run, tmp_path, monkeypatch):
+    """report.md has a table row per run and per scheme variant and length, with the mean
+    perplexity over seeds; extrapolation.png and positions.png, read off the figures as they are
+    saved, have their axes and one series per variant through the rows' numbers."""
+    import statistics
+
+    import matplotlib.figure
+
+    from posbench.report import label
+
+    figures = {}
+    save = matplotlib.figure.Figure.savefig
+
+    def keep(fig, path, *args, **kwargs):
+        figures[Path(path).name] = fig
+        return save(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    out = tmp_path / "out"
+    shutil.copytree(full_run, out)
+    assert main(["report", str(out)]) == 0
+    lines = (out / "report.md").read_text().splitlines()
+
+    runs = results.read_rows(out / "runs.csv")
+    assert len(runs) == 6
+    for r in runs:
+        assert sum(line.startswith(f"| {r['run_id']} | {r['scheme']} | ") for line in lines) == 1, r["run_id"]
+
+    ppl, status = {}, {}  # label -> length -> perplexities over seeds; or the status where none
+    for r in results.read_rows(out / "extrapolation.csv"):
+        if r["ppl"]:
+            ppl.setdefault(label(r), {}).setdefault(int(r["eval_len"]), []).append(float(r["ppl"]))
+        else:
+            status[(label(r), int(r["eval_len"]))] = r["status"]
+    assert set(ppl) == {"none", "rope", "learned", "learned+hierarchical"}
+    assert status == {("learned", 32): "unsupported"}  # beyond its table
+    table = lines[lines.index("### nonoverlap"):]
+    assert table[2] == "| scheme | 16 | 32 |"
+    for name, by_len in ppl.items():
+        row = next(line for line in table if line.startswith(f"| {name} (2 seeds) |"))
+        cells = [c.strip().strip("*").split(" [")[0] for c in row.split("|")[2:-1]]
+        assert cells == [f"{statistics.mean(by_len[n]):.2f}" if n in by_len else status[(name, n)] for n in (16, 32)]
+
+    ax = figures["extrapolation.png"].axes[0]
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("evaluation length (tokens)", "perplexity")
+    assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log")
+    series = {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
+    assert set(series) == set(ppl)
+    for name, line in series.items():
+        assert list(line.get_xdata()) == sorted(ppl[name])
+        assert list(line.get_ydata()) == pytest.approx([statistics.mean(ppl[name][n]) for n in sorted(ppl[name])])
+    assert [line.get_xdata()[0] for line in ax.get_lines() if line.get_label().startswith("_")] == [16]
+
+    ax = figures["positions.png"].axes[0]
+    assert ax.get_xlabel().startswith("position inside the window, 1-based (window 32")
+    assert ax.get_ylabel() == "mean loss (nats)" and ax.get_xscale() == "log"
+    loss = {}  # label -> bucket -> losses at the longest length
+    for r in results.read_rows(out / "positions.csv"):
+        if int(r["eval_len"]) == 32:
+            bucket = (int(r["position_start"]) + int(r["position_end"])) / 2 + 1
+            loss.setdefault(label(r), {}).setdefault(bucket, []).append(float(r["loss"]))
+    series = {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
+    assert set(series) == set(loss)
+    for name, line in series.items():
+        buckets = sorted(loss[name])
+        assert list(line.get_xdata()) == buckets
+        assert list(line.get_ydata()) == pytest.approx([statistics.mean(loss[name][b]) for b in buckets])
 
 
 @pytest.mark.parametrize("text, message", [("0/2", "1 <= I <= N"), ("3/2", "1 <= I <= N"), ("x", "expected I/N")])
