@@ -26,7 +26,22 @@ from posbench.schemes.rotary import SCALINGS
 USAGE_ERRORS = tuple({click.ClickException, getattr(typer, "TyperException", click.ClickException)})
 ABORTS = tuple({click.exceptions.Abort, typer.Abort})
 
+INTERRUPTED = "stopped before the command finished; what it had written is kept"
+
+
+class Commands(typer.core.TyperGroup):
+    """typer answers a Ctrl-C inside a command with a silent exit 130: it goes on to `main`
+    instead, as Interrupted, which says in one line what was kept."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise Interrupted(INTERRUPTED) from None
+
+
 app = typer.Typer(
+    cls=Commands,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -112,7 +127,7 @@ def _task_with_overrides(task_name, data, train_len, steps, batch_size, d_model,
 
 @app.command()
 def train(
-    scheme: str = typer.Option(..., help="scheme, preset or layout spec (see `posbench schemes`, README)"),
+    scheme: str = typer.Option(..., help="scheme, preset or layout spec (see `posbench schemes`)"),
     task: Optional[str] = typer.Option(None, help="task name in tasks/ or a TOML path (default: quick)"),
     data: Optional[str] = typer.Option(None, help="pystdlib | files:PATH_OR_GLOB | hf:NAME[:CONFIG]"),
     train_len: Optional[int] = typer.Option(None, help="training window length"),
@@ -365,9 +380,11 @@ def submit(
     out: Optional[Path] = typer.Option(None, help="output directory (default: runs/TASK)"),
     gpus_per_shard: int = typer.Option(0, help="GPUs per shard; more than 1: torchrun, one process per GPU"),
     cpus_per_shard: Optional[int] = typer.Option(None, help="CPU cores per shard (default: the cluster's)"),
-    time_limit: Optional[str] = typer.Option(None, "--time", help="time limit per shard, e.g. 4:00:00"),
+    time_limit: Optional[str] = typer.Option(None, "--time", help="time limit per shard in a Slurm format: minutes, "
+                                             "MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (e.g. 4:00:00) or UNLIMITED"),
     partition: Optional[str] = typer.Option(None, help="Slurm partition"),
-    sbatch_arg: Optional[List[str]] = typer.Option(None, help="extra sbatch option, e.g. --account=lab (repeatable)"),
+    sbatch_arg: Optional[List[str]] = typer.Option(None, help="extra sbatch option, e.g. --account=lab (repeatable): "
+                                                   "--NAME or --NAME=VALUE, no spaces, quotes or ; & | < > ( ) ` $ \\"),
     dry_run: bool = typer.Option(False, help="write and print the scripts; submit nothing"),
     wait: bool = typer.Option(False, help="wait for the shards and the merge; exit 1 naming failed shards"),
 ) -> int:
@@ -632,7 +649,7 @@ def _one_line(e: BaseException) -> int:
         err.print(f"error: {e.format_message()}", markup=False, highlight=False, soft_wrap=True)
         return getattr(e, "exit_code", 2)
     except KeyboardInterrupt:
-        err.print("interrupted")
+        err.print(f"interrupted: {INTERRUPTED}", markup=False, highlight=False, soft_wrap=True)
         return 130
     except OSError as e:  # the file system refused: read-only, full, a file where a folder goes
         err.print(f"error: {_file_system_error(e)}", markup=False, highlight=False, soft_wrap=True)

@@ -1,4 +1,4 @@
-"""Length-dependent temperatures (SCHEMES.md 22): query i is multiplied by a factor of its
+"""Length-dependent temperatures (posbench/docs/layouts.md): query i is multiplied by a factor of its
 position or of the number of keys it sees, before the attention path, so SDPA and FlexAttention
 stay fast. Only the content logits q.k are scaled; an additive bias is not.
 
@@ -32,6 +32,14 @@ TEMPERATURES: dict[str, dict[str, Any]] = {
     "ssmax": {"init": 0.43},
     "llama4": {"beta": 0.1, "floor": 0},  # floor 0: a quarter of the training length (the layout
     # resolves it before a Temperature is built)
+}
+
+# Each temperature in one line, as the catalogue page shows it (i the query's position, L the
+# training length).
+FORMULAS: dict[str, str] = {
+    "logn": "q_i times max(1, log(i + 1) / log(L))",
+    "ssmax": "q_i times s_h log(n_i), n_i the keys query i sees under its span, s_h learned",
+    "llama4": "q_i times 1 + beta log(floor((i + 1) / floor) + 1)",
 }
 
 

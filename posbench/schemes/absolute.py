@@ -1,5 +1,6 @@
 """Absolute schemes: a vector per position, combined with the token embeddings once, before the
-first block (SCHEMES.md 1-6, seed 000 "绝对位置编码")."""
+first block (posbench/docs/schemes.md: none, learned, sinusoidal, recurrent,
+multiplicative, complex)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from torch import nn
 
 from posbench.errors import PosbenchError, did_you_mean
-from posbench.schemes.base import Scheme
+from posbench.schemes.base import MAX_SIZE, Scheme, at_least, below, between, frequency_base, one_of, positive, size
 from posbench.schemes.registry import register
 from posbench.schemes.tables import GrowingTable, position_count, sinusoid
 
@@ -28,6 +29,7 @@ class NoPE(Scheme):
     (Haviv et al. 2022; Kazemnejad et al. 2023). The baseline of every comparison."""
 
     name = "none"
+    formula = "s_ij = q_i.k_j / sqrt(D); order reaches the model only through the causal mask"
     family = "none"
     relative = True
     takes_positions = False
@@ -45,6 +47,7 @@ class Learned(Scheme):
     """
 
     name = "learned"
+    formula = "h_k = x_k + P_k, P a trained table (max_len, d)"
     family = "absolute"
     hooks = ("input",)
     reference = "Gehring et al. 2017, arXiv:1705.03122"
@@ -52,6 +55,7 @@ class Learned(Scheme):
     notes = "beyond max_len: unsupported, or --learned-extension hierarchical"
     extensions = ("hierarchical",)
     defaults = {"max_len": 0, "alpha": 0.4}  # max_len 0: the largest training position
+    ranges = {"max_len": between(0, MAX_SIZE), "alpha": at_least(0) & below(1)}  # alpha 1 divides by 0
 
     def __init__(self, dims):
         super().__init__(dims)
@@ -74,12 +78,14 @@ class Sinusoidal(Scheme):
     p_{k,2i} = sin(k / 10000^(2i/d)), p_{k,2i+1} = cos(k / 10000^(2i/d))."""
 
     name = "sinusoidal"
+    formula = "h_k = x_k + p_k, p_{k,2i} = sin(k / base^(2i/d)), p_{k,2i+1} = cos(k / base^(2i/d))"
     family = "absolute"
     hooks = ("input",)
     reference = "Vaswani et al. 2017, arXiv:1706.03762"
     extrapolates = "no"
     notes = "defined at every position; known to fail past the training length"
     defaults = {"base": 10000.0}
+    ranges = {"base": frequency_base}
 
     def __init__(self, dims):
         super().__init__(dims)
@@ -175,6 +181,7 @@ class Dynamics(nn.Module):
 
 
 SOLVERS = {"lawson": lawson_rk4, "rk4": rk4}
+MAX_SUBSTEPS = 1024  # RK4 steps per position: the cost of a table grows with them
 
 
 @register
@@ -183,7 +190,7 @@ class Recurrent(Scheme):
     p(0) learned; p_k = p(k * delta), h_k = x_k + p_k. h_theta (`Dynamics`) is a learned
     block rotation plus a small tanh MLP; it starts as the rotation by the sinusoidal
     frequencies, with p(0) = (0, 1, 0, 1, ...), whose solution at delta = 1 is the sinusoidal
-    table (the "particular solution" of seed 000), and training moves it from there.
+    table (sinusoidal positions are one particular solution of the ODE), and training moves it from there.
 
     Integrated by fixed-step RK4, so the positions extend to any length and row k does not
     depend on how many rows are built. `solver=lawson` (default, `lawson_rk4`) integrates the
@@ -196,6 +203,8 @@ class Recurrent(Scheme):
     """
 
     name = "recurrent"
+    formula = ("h_k = x_k + p(k delta), dp/dt = h_theta(p, t) (a learned rotation plus a tanh MLP), p(0) "
+               "learned")
     family = "absolute"
     hooks = ("input",)
     reference = "Liu et al. 2020, arXiv:2003.09229"
@@ -207,13 +216,13 @@ class Recurrent(Scheme):
         "re-injects positions in every block); sequential: cost grows with the largest position"
     )
     defaults = {"hidden": 32, "delta": 1.0, "substeps": 1, "base": 10000.0, "solver": "lawson"}
+    ranges = {"hidden": size, "delta": positive, "substeps": between(1, MAX_SUBSTEPS), "base": frequency_base,
+              "solver": one_of(*SOLVERS)}
 
     def __init__(self, dims):
         super().__init__(dims)
         if dims.d_model % 2:
             raise PosbenchError(f"{self.name} needs an even model width, got {dims.d_model}")
-        if self.p["solver"] not in SOLVERS:
-            raise did_you_mean(self.p["solver"], SOLVERS, f"{self.name} solver")
         self.p0 = nn.Parameter(torch.arange(dims.d_model).remainder(2).float())  # (sin 0, cos 0, ...)
         self.dynamics = Dynamics(dims.d_model, self.p["hidden"], self.p["base"])
         self.table = GrowingTable(lambda n, dev: self.integrate(n))
@@ -242,7 +251,7 @@ class Recurrent(Scheme):
 
 @register
 class Multiplicative(Scheme):
-    """Position multiplied into the embeddings (seed 000 "相乘式"): h_k = x_k * p_k elementwise,
+    """Position multiplied into the embeddings: h_k = x_k * p_k elementwise,
     p_k = offset + s_k, s the sinusoidal table (`sinusoid`: s_{k,2i} = sin(k / base^(2i/d)),
     s_{k,2i+1} = cos(.)). x (B, T, d), p (T, d).
 
@@ -252,12 +261,14 @@ class Multiplicative(Scheme):
     """
 
     name = "multiplicative"
+    formula = "h_k = x_k * (offset + s_k) elementwise, s the sinusoidal table"
     family = "absolute"
     hooks = ("input",)
-    reference = "Su 2021, kexue.fm/archives/8130 (seed 000)"
+    reference = "Su 2021, kexue.fm/archives/8130"
     extrapolates = "no"
     notes = "h = x * (offset + sinusoid), offset 1 by default (0: plain sinusoid, zeros at k = 0)"
     defaults = {"base": 10000.0, "offset": 1.0}
+    ranges = {"base": frequency_base, "offset": between(-100, 100)}  # far past it x swamps the residual stream
 
     def __init__(self, dims):
         super().__init__(dims)
@@ -280,6 +291,8 @@ class ComplexOrder(Scheme):
     """
 
     name = "complex"
+    formula = ("token j at position k: [r_j cos(w_j k + theta_j), r_j sin(w_j k + theta_j)], r, w, theta "
+               "learned per token")
     family = "absolute"
     hooks = ("input",)
     reference = "Wang et al. 2020, arXiv:1912.12333"
@@ -290,6 +303,7 @@ class ComplexOrder(Scheme):
         "complex-valued layers are out of scope"
     )
     defaults = {"base": 10000.0}
+    ranges = {"base": frequency_base}
 
     def __init__(self, dims):
         super().__init__(dims)

@@ -1,4 +1,4 @@
-"""Biases adapted to the attention scores (SCHEMES.md 30): DAPE passes each (query, key) entry's
+"""Biases adapted to the attention scores (posbench/docs/schemes.md, dape): DAPE passes each (query, key) entry's
 scores and base biases, across heads, through a small MLP of the layer."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posbench.errors import did_you_mean
-from posbench.schemes.base import Scheme
+from posbench.schemes.base import Scheme, one_of, size
 from posbench.schemes.bias import ALiBi, Fire, Kerple
 from posbench.schemes.registry import register
 
@@ -55,6 +55,8 @@ class Dape(Scheme):
     materialized, which is what `posbench speed` shows it costs."""
 
     name = "dape"
+    formula = ("logits = X + B + f([X; B]), X = QK^T / sqrt(D), B the base bias, f an MLP across the 2H "
+               "channels of each (i, j)")
     family = "adaptive"
     hooks = ("logits",)
     relative = True
@@ -62,12 +64,11 @@ class Dape(Scheme):
     notes = ("logits X + B + f([X; B]): an MLP across heads per (i, j) and layer, base bias B "
              "kerple (default), alibi or fire, one per layer; explicit path")
     defaults = {"base": "kerple", "width": 32}
+    ranges = {"base": one_of(*BASES), "width": size}
 
     def __init__(self, dims):
         super().__init__(dims)
         base = self.p["base"]
-        if base not in BASES:
-            raise did_you_mean(base, BASES, f"{self.name} base")
         base_dims = dataclasses.replace(dims, params={"L": dims.train_len / 8} if base == "fire" else {})
         h, width = dims.n_heads, self.p["width"]
         self.bases = nn.ModuleList(BASES[base](base_dims) for _ in range(dims.n_layers))

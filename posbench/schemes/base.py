@@ -1,7 +1,7 @@
 """The scheme interface: a positional encoding is a small module that overrides only the hooks it
 needs. The model calls them; it knows nothing about any particular scheme.
 
-Hooks (names as in SCHEMES.md), with shapes. B batch, T window length, H heads, D head dim,
+Hooks (posbench/docs/model.md), with shapes. B batch, T window length, H heads, D head dim,
 d model width. `pos` is a (T,) long tensor of explicit positions shared by the batch.
 
 - input   ``embed(x, idx, pos) -> x``          x (B, T, d), idx (B, T) token ids
@@ -101,6 +101,7 @@ even = Range("even", lambda v: v % 2 == 0)
 # hidden layer outgrows memory long before a tiny model could use it.
 MAX_SIZE = 2**16
 size = between(1, MAX_SIZE)  # a count of rows, units, buckets or taps
+frequency_base = above(1)  # base^(-2t/d): frequencies that fall from 1, one wavelength per pair
 
 
 class PositionLimitError(PosbenchError):
@@ -154,7 +155,7 @@ def check_range(cls: type[Scheme], key: str, value: Any) -> None:
     if allowed is None or allowed.holds(value):
         return
     if allowed.choices and isinstance(value, str):
-        raise did_you_mean(value, allowed.choices, f"value of parameter {key} of scheme {cls.name!r}")
+        raise did_you_mean(value, allowed.choices, f"value for parameter {key} of scheme {cls.name!r}:")
     raise PosbenchError(f"parameter {key} of scheme {cls.name!r} must be {allowed.says}, got {value}")
 
 

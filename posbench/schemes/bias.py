@@ -1,5 +1,5 @@
 """Bias schemes: a content-independent term b_h(i, j) added to the attention logits
-(SCHEMES.md 9, 11, 14, 16-18). Each defines ``bias_fn(h, qpos, kpos)`` elementwise, so the same code
+(posbench/docs/schemes.md: t5, tupe, alibi, kerple, fire, sandwich). Each defines ``bias_fn(h, qpos, kpos)`` elementwise, so the same code
 builds the (H, T, T) float mask and FlexAttention's score_mod."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from posbench.errors import PosbenchError, did_you_mean
-from posbench.schemes.absolute import hierarchical_table
-from posbench.schemes.base import Scheme
+from posbench.schemes.absolute import Learned, hierarchical_table
+from posbench.schemes.base import MAX_SIZE, Range, Scheme, between, frequency_base, non_negative, one_of, positive, size
 from posbench.schemes.registry import register
 from posbench.schemes.tables import position_count
 
@@ -39,6 +39,7 @@ class ALiBi(Scheme):
     m_h (`alibi_slopes`), not scaled by 1/sqrt(D). No position is added to the embeddings."""
 
     name = "alibi"
+    formula = "s_ij = q_i.k_j / sqrt(D) - m_h (i - j), m_h fixed geometric slopes (1/2 ... 1/256 for 8 heads)"
     family = "bias"
     relative = True
     hooks = ("bias",)
@@ -81,12 +82,15 @@ class T5Bias(Scheme):
     head and bucket, shared by all layers, not scaled by 1/sqrt(D). One-directional buckets."""
 
     name = "t5"
+    formula = ("s_ij = q_i.k_j / sqrt(D) + beta_h[bucket(i - j)]: exact buckets for short distances, "
+               "log-spaced up to max_distance, one learned scalar per head and bucket")
     family = "bias"
     relative = True
     hooks = ("bias",)
     reference = "Raffel et al. 2020, arXiv:1910.10683"
     notes = "one-directional buckets (causal), shared by layers"
     defaults = {"num_buckets": 32, "max_distance": 128}
+    ranges = {"num_buckets": between(2, MAX_SIZE), "max_distance": size}
 
     def __init__(self, dims):
         super().__init__(dims)
@@ -103,6 +107,9 @@ def inverse_softplus(y: torch.Tensor) -> torch.Tensor:
 
 
 KERPLE_VARIANTS = ("log", "power")
+# Sandwich's d': the model width, the head dimension, or an even number of dims
+SINUSOID_WIDTH = Range("model, head or an even positive integer",
+                       lambda v: v in ("model", "head") or (v.isdigit() and 0 < int(v) <= MAX_SIZE and int(v) % 2 == 0))
 
 
 @register
@@ -118,18 +125,19 @@ class Kerple(Scheme):
     """
 
     name = "kerple"
+    formula = ("s_ij = q_i.k_j / sqrt(D) - r1_h log(1 + r2_h (i - j)) (log), or - r1_h (i - j)^r2_h (power);"
+               " r1, r2 > 0 learned per head")
     family = "bias"
     relative = True
     hooks = ("bias",)
     reference = "Chi et al. 2022, arXiv:2205.09921"
     notes = "variant=log (default) or power; r1, r2 per head, shared by layers"
     defaults = {"variant": "log"}
+    ranges = {"variant": one_of(*KERPLE_VARIANTS)}
 
     def __init__(self, dims):
         super().__init__(dims)
         self.variant = self.p["variant"]
-        if self.variant not in KERPLE_VARIANTS:
-            raise did_you_mean(self.variant, KERPLE_VARIANTS, f"{self.name} variant")
         h = dims.n_heads
         if self.variant == "log":
             r1, r2 = torch.rand(h) * 2, torch.rand(h)
@@ -172,11 +180,14 @@ class Fire(Scheme):
     """
 
     name = "fire"
+    formula = ("s_ij = q_i.k_j / sqrt(D) + f(psi(i - j) / psi(max(L, i)))_h, psi(x) = log(c x + 1), f an MLP"
+               " to H outputs; c, L learned")
     family = "bias"
     hooks = ("bias",)
     reference = "Li et al. 2024, arXiv:2310.04418"
     notes = "MLP width 32; c, L learned (L starts at train_len/4 unless L > 0); shared by layers"
     defaults = {"width": 32, "c": 0.1, "L": 0.0}
+    ranges = {"width": size, "c": positive, "L": non_negative}  # L 0: train_len / 4
     activation = staticmethod(F.relu)  # the MLP's hidden units
 
     def __init__(self, dims):
@@ -233,12 +244,14 @@ class Sandwich(Scheme):
     """
 
     name = "sandwich"
+    formula = "s_ij = q_i.k_j / sqrt(D) + (sum_{t<d'/2} cos((i - j) / 10000^(2t/d')) - d'/2) / (8h/H)"
     family = "bias"
     relative = True
     hooks = ("bias",)
     reference = "Chi et al. 2023, arXiv:2212.10356"
     notes = "parameter-free; d' = dim: model width (default), head (NeMo's choice) or an even integer"
     defaults = {"dim": "model", "base": 10000.0}
+    ranges = {"dim": SINUSOID_WIDTH, "base": frequency_base}
 
     def __init__(self, dims):
         super().__init__(dims)
@@ -249,15 +262,10 @@ class Sandwich(Scheme):
         self.register_buffer("scale", torch.tensor(scale), persistent=False)
 
     def sinusoid_width(self, dim: str, dims) -> int:
-        """d' from the `dim` parameter: model, head or an even positive integer."""
-        width = {"model": dims.d_model, "head": dims.head_dim}.get(dim)
-        if width is None and dim.isdigit():
-            width = int(dim)
-        if not width or width % 2:
-            raise PosbenchError(
-                f"{self.name}: dim must be model, head or an even positive integer, got {dim!r}"
-                + (f" (= {width})" if width else "")
-            )
+        """d' from the `dim` parameter: model, head or an even positive integer (`SINUSOID_WIDTH`)."""
+        width = {"model": dims.d_model, "head": dims.head_dim}.get(dim) or int(dim)
+        if width % 2:
+            raise PosbenchError(f"{self.name}: dim={dim} is {width} dims, an odd number (sinusoids come in pairs)")
         return width
 
     def bias_fn(self, h, qpos, kpos):
@@ -291,6 +299,8 @@ class Tupe(Scheme):
     """
 
     name = "tupe"
+    formula = ("s_ij = (x_i W_Q).(x_j W_K) / sqrt(2D) + (p_i U_Q).(p_j U_K) / sqrt(2D) + b_h[bucket(i - j)],"
+               " p a learned table")
     family = "bias"
     hooks = ("qk", "bias")
     reference = "Ke et al. 2021, arXiv:2006.15595"
@@ -301,6 +311,7 @@ class Tupe(Scheme):
     )
     extensions = ("hierarchical",)
     defaults = {"max_len": 0, "alpha": 0.4, "num_buckets": 32, "max_distance": 128}
+    ranges = {**Learned.ranges, **T5Bias.ranges}
 
     def __init__(self, dims):
         super().__init__(dims)

@@ -1,4 +1,4 @@
-"""Per-token gates (SCHEMES.md 25, 31): schemes that read each layer's input and add a
+"""Per-token gates (posbench/docs/schemes.md: fox, cable): schemes that read each layer's input and add a
 content-dependent decay to the logits, with no position signal of their own."""
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class Forgetting(Scheme):
     `_no_weight_decay` on its fixed-gate bias)."""
 
     name = "fox"
+    formula = "s_ij = q_i.k_j / sqrt(D) + c_i - c_j, c_t = sum_{r<=t} log sigmoid(w_h.x_r + b_h)"
     family = "gate"
     hooks = ("gate",)
     relative = True
@@ -69,6 +70,7 @@ class Cable(Forgetting):
     S on CUDA, a (B, H, T, T) float mask elsewhere, as `fox`."""
 
     name = "cable"
+    formula = "s_ij = q_i.k_j / sqrt(D) - sum_{r=j+1..i} softplus(w_h.x_r + b_h)"
     reference = "Veisi et al. 2025, arXiv:2503.08067 (axiomlab/Cable)"
     notes = ("NoPE plus per layer and head a token bias z = w.x + b: logits + S_i - S_j, "
              "S = cumsum(-softplus(z)); fox with (-w, -b); flex score_mod on CUDA, a (B, H, T, T) "

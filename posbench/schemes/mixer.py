@@ -1,5 +1,5 @@
 """Mixer schemes: a layer that mixes neighbouring tokens and adds no position vector
-(SCHEMES.md 12, seed 000 "其他位置编码")."""
+(posbench/docs/schemes.md, conv)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posbench.errors import PosbenchError
-from posbench.schemes.base import Scheme
+from posbench.schemes.base import Scheme, size
 from posbench.schemes.registry import register
 
 
@@ -23,6 +23,7 @@ class CausalConv(Scheme):
     """
 
     name = "conv"
+    formula = "h_t = x_t + sum_{s<K} w_s * x_{t-K+1+s}, zero left padding, once after the embeddings"
     family = "mixer"
     hooks = ("mixer",)
     relative = True  # it never reads positions
@@ -30,11 +31,10 @@ class CausalConv(Scheme):
     reference = "Islam et al. 2020, arXiv:2001.08248"
     notes = "x + causal depth-wise conv, zero left padding; runs once after the embeddings"
     defaults = {"kernel": 3}
+    ranges = {"kernel": size}
 
     def __init__(self, dims):
         super().__init__(dims)
-        if self.p["kernel"] < 1:
-            raise PosbenchError(f"{self.name}: kernel must be at least 1, got {self.p['kernel']}")
         d = dims.d_model
         self.conv = nn.Conv1d(d, d, self.p["kernel"], groups=d, bias=False)
 

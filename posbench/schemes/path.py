@@ -1,4 +1,4 @@
-"""Householder-product attention (SCHEMES.md 28): PaTH, where the logit of query i and key j is
+"""Householder-product attention (posbench/docs/schemes.md, path): PaTH, where the logit of query i and key j is
 q_i read through the product of data-dependent Householder-like steps of the tokens between
 them, and PaTH with FoX's forget gates. References: Yang et al., "PaTH Attention: Position
 Encoding via Accumulating Householder Transformations", NeurIPS 2025, arXiv:2505.16381;
@@ -121,6 +121,8 @@ class Path(Scheme):
     every device: softmax over materialized (B, H, T, T) scores."""
 
     name = "path"
+    formula = ("s_ij = q_i^T H_i H_{i-1} ... H_{j+1} k_j / sqrt(D), H_t = I - beta_t w_t w_t^T; w_t (unit) "
+               "and beta_t in (0, 2) from the layer's input")
     family = "householder"
     hooks = ("content", "logits")
     relative = True
@@ -159,6 +161,8 @@ class PathFox(Path):
     convention (with every beta at 0 it is then exactly `fox`)."""
 
     name = "path-fox"
+    formula = ("s_ij = (q_i^T H_i ... H_{j+1} k_j + c_i - c_j) / sqrt(D), H as path, c as fox "
+               "(scaled_gate=false: + c_i - c_j outside the division)")
     family = "householder"
     hooks = ("content", "logits", "gate")
     defaults = {"scaled_gate": True}

@@ -1,5 +1,5 @@
 """Content-dependent relative schemes: the logits hook adds terms that read q or k against
-relative-position embeddings (SCHEMES.md 7, 8, 10, 20; seed 000 "相对位置编码").
+relative-position embeddings (posbench/docs/schemes.md: shaw, xl, deberta, cope).
 
 Memory: no scheme here gathers an (T, T, D) tensor of embeddings. Each multiplies q (or k) by the
 table once, giving (B, H, T, R) scores against the R distances the window needs, then gathers
@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from posbench.errors import PosbenchError, did_you_mean
-from posbench.schemes.base import Scheme
+from posbench.schemes.base import MAX_SIZE, Scheme, between, one_of
 from posbench.schemes.registry import register
 from posbench.schemes.tables import GrowingTable, sinusoid
 
@@ -78,18 +78,18 @@ class Shaw(Scheme):
     """
 
     name = "shaw"
+    formula = "s_ij = q_i.(k_j + R^K_c) / sqrt(D), o_i = sum_j a_ij (v_j + R^V_c), c = clip(i - j, -K, K)"
     family = "relative"
     hooks = ("logits", "values")
     relative = True
     reference = "Shaw et al. 2018, arXiv:1803.02155"
     notes = "R^K, R^V per layer, shared by heads; distances clipped at k"
     defaults = {"k": 16}
+    ranges = {"k": between(0, MAX_SIZE)}
 
     def __init__(self, dims):
         super().__init__(dims)
         k, d = self.p["k"], self.head_dim
-        if k < 0:
-            raise PosbenchError(f"shaw: k must be >= 0 (got {k})")
         # Rows of about unit norm, the size of k and v rows at initialization.
         self.rk = nn.ParameterList(
             nn.Parameter(torch.randn(2 * k + 1, d) / math.sqrt(d)) for _ in range(dims.n_layers)
@@ -132,6 +132,7 @@ class TransformerXL(Scheme):
     """
 
     name = "xl"
+    formula = "s_ij = ((q_i + u).k_j + (q_i + v).W_R R_{i-j}) / sqrt(D), R sinusoidal; W_R, u, v learned"
     family = "relative"
     hooks = ("logits",)
     relative = True
@@ -192,6 +193,8 @@ class DeBERTa(Scheme):
     """
 
     name = "deberta"
+    formula = ("s_ij = (q_i.k_j + q_i.K^r_{d(i,j)} + k_j.Q^r_{d(j,i)}) / sqrt(3D), d(i, j) = clip(i - j, -K,"
+               " K) + K")
     family = "relative"
     hooks = ("logits",)
     relative = True
@@ -202,14 +205,11 @@ class DeBERTa(Scheme):
         "and transformers)"
     )
     defaults = {"k": 0, "p2c": "paper"}
+    ranges = {"k": between(0, MAX_SIZE), "p2c": one_of(*DEBERTA_P2C)}  # k 0: train_len
     added_params = ("p2c",)
 
     def __init__(self, dims):
         super().__init__(dims)
-        if self.p["k"] < 0:
-            raise PosbenchError(f"deberta: k must be >= 0 (got {self.p['k']})")
-        if self.p["p2c"] not in DEBERTA_P2C:
-            raise did_you_mean(self.p["p2c"], DEBERTA_P2C, "deberta p2c index")
         self.p["k"] = self.p["k"] or dims.train_len
         k, d, hd = self.p["k"], dims.d_model, self.head_dim
         # Unit scale, the scale of the LayerNorm'd hidden states P stands beside in
@@ -263,6 +263,8 @@ class CoPE(Scheme):
     """
 
     name = "cope"
+    formula = ("g_ij = sigmoid(q_i.k_j / sqrt(D)), p_ij = sum_{t=j..i} g_it, s_ij = (q_i.k_j + q_i.e[p_ij]) "
+               "/ sqrt(D), e interpolated between integer rows")
     family = "relative"
     hooks = ("logits",)
     relative = True
@@ -270,11 +272,10 @@ class CoPE(Scheme):
     reference = "Golovneva et al. 2024, arXiv:2405.18719"
     notes = "e per layer, shared by heads; positions clamped at npos - 1"
     defaults = {"npos": 0}
+    ranges = {"npos": between(0, MAX_SIZE)}  # npos 0: train_len + 1
 
     def __init__(self, dims):
         super().__init__(dims)
-        if self.p["npos"] < 0:
-            raise PosbenchError(f"cope: npos must be >= 0 (got {self.p['npos']})")
         self.p["npos"] = self.p["npos"] or dims.train_len + 1
         self.emb = nn.ParameterList(
             nn.Parameter(torch.zeros(self.head_dim, self.p["npos"])) for _ in range(dims.n_layers)

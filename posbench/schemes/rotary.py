@@ -1,5 +1,5 @@
-"""Rotary schemes: q and k rotated by position in every attention layer (SCHEMES.md 13, 15, 23,
-29, 32, 33).
+"""Rotary schemes: q and k rotated by position in every attention layer (posbench/docs/schemes.md:
+rope, p-rope, resonance, pope, fope, xpos, grape, selective-rope).
 
 Layout: half-split (GPT-NeoX): pair t is (x_t, x_{t + r/2}), t < r/2, over the r rotated dims. It
 equals the interleaved layout of the RoFormer paper up to a fixed permutation of head dimensions,
@@ -21,7 +21,7 @@ from posbench.schemes.registry import register
 from posbench.schemes.tables import GrowingTable, position_count
 
 # Eval-time policies, chosen with --rope-scaling. self-extend and rerope merge two logit maps
-# (SCHEMES.md 34-35): a RoPE layer under them takes the explicit attention path.
+# (posbench/docs/extension.md): a RoPE layer under them takes the explicit attention path.
 TWO_MAPS = ("self-extend", "rerope")
 SCALINGS = ("none", "pi", "ntk", "dynamic-ntk", "yarn", "llama3", *TWO_MAPS)
 # longrope needs searched per-pair factors (posbench.extend): a fine-tuning method, not a flag value.
@@ -285,7 +285,7 @@ class RoPE(Scheme):
         return self.turn(x, angle.cos().float(), angle.sin().float())
 
     def logits(self, q, k, pos, ctx, layer):
-        """Self-Extend or ReRoPE (SCHEMES.md 34-35): q, k (B, H, T, D) unrotated -> scores
+        """Self-Extend or ReRoPE (posbench/docs/extension.md): q, k (B, H, T, D) unrotated -> scores
         (B, H, T, T), the neighbour map (plain RoPE) where i - j < W, the other map beyond."""
         s = self.scaling
         inv, _ = self.frequencies(position_count(pos, self.position_bound if s.fixed else None))
@@ -437,6 +437,9 @@ class PoPE(Scheme):
         q2 = torch.cat([mq * cos, mq * sin], dim=-1)  # (B, H, T, 2D)
         k2 = torch.cat([mk * k_cos, mk * k_sin], dim=-1)
         return q2.to(q.dtype), k2.to(k.dtype)
+
+
+MAX_SIGMA = 10  # FoPE's coefficient gain; the reference's lie in 0.3-0.6, and far past 10 the logits overflow
 
 
 def fourier_coefficients(shape: tuple[int, int, int, int], gain: float) -> torch.Tensor:
@@ -615,10 +618,6 @@ class GRAPE(Scheme):
         super().__init__(dims)
         if self.head_dim % 2:
             raise PosbenchError(f"{self.name} needs an even head dimension, got {self.head_dim}")
-        if self.p["lr_scale"] <= 0:
-            raise PosbenchError(f"{self.name}: lr_scale must be > 0, got {self.p['lr_scale']}")
-        if self.p["base"] <= 1:
-            raise PosbenchError(f"{self.name}: base must be > 1, got {self.p['base']}")
         inv = self.p["base"] ** -(torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
         init = inv.log() * self.p["lr_scale"]  # (D/2,)
         if self.p["per_head"]:
@@ -686,11 +685,6 @@ class SelectiveRoPE(Scheme):
         super().__init__(dims)
         if self.head_dim % 2:
             raise PosbenchError(f"{self.name} needs an even head dimension, got {self.head_dim}")
-        for key in ("rank", "conv"):
-            if self.p[key] < 1:
-                raise PosbenchError(f"{self.name}: {key} must be >= 1, got {self.p[key]}")
-        if self.p["base"] < 1:
-            raise PosbenchError(f"{self.name}: base must be >= 1, got {self.p['base']}")
         layers, heads, d = dims.n_layers, dims.n_heads, dims.d_model
         pairs = self.head_dim // 2
         self.down = nn.Parameter(torch.randn(layers, self.p["rank"], d) * 0.02)

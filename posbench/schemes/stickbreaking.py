@@ -1,4 +1,4 @@
-"""Attention weights other than softmax (SCHEMES.md 26): stick-breaking, where the order of the
+"""Attention weights other than softmax (posbench/docs/schemes.md, stickbreaking): stick-breaking, where the order of the
 keys, nearest first, is the only position signal."""
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ class StickBreaking(Scheme):
     per-head vector, then a GroupNorm over the heads."""
 
     name = "stickbreaking"
+    formula = ("A_ij = beta_ij prod_{j<k<i} (1 - beta_ik), beta_ij = sigmoid(q_i.k_j / sqrt(D)); the "
+               "remainder 1 - sum_j A_ij goes to v_i (no softmax)")
     family = "weights"
     hooks = ("weights",)
     relative = True
