@@ -1,4 +1,4 @@
-"""The attention paths, chosen from a scheme's hooks and a layer's span (DESIGN.md, Model):
+"""The attention paths, chosen from a scheme's hooks and a layer's span (posbench/docs/model.md):
 
 - ``sdpa-causal``: input/qk/mixer schemes over full causal attention:
   F.scaled_dot_product_attention(is_causal=True), flash on a GPU.
@@ -26,6 +26,7 @@ Contexts are built once per forward for each distinct (scheme, span, path) and s
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +73,23 @@ class Span:
 
 
 FULL = Span()
+
+# Who sees each explicit layer's weights (posbench.attention_measures); None: nobody. A plain
+# global, not a ContextVar: a compiled forward reads it as a guarded constant, without a break.
+_observer = None
+
+
+@contextlib.contextmanager
+def observe(fn):
+    """Within the block, every explicit-path layer calls fn(layer, attn) with its weights
+    attn (B, H, T, T) over the window's keys (a learned sink's column left out); force the
+    explicit path (model.backend = "explicit") for every layer to see them all."""
+    global _observer
+    before, _observer = _observer, fn
+    try:
+        yield
+    finally:
+        _observer = before
 
 
 def flex_available() -> bool:
@@ -306,6 +324,8 @@ def explicit_attention(q, k, v, scheme, ctx: AttnContext, layer: int,
         attn = torch.cat([scores, column], dim=-1).softmax(dim=-1)[..., :-1].to(v.dtype)
     else:
         attn = scores.softmax(dim=-1).to(v.dtype)
+    if _observer is not None:
+        _observer(layer, attn)
     out = attn @ v
     if "values" in scheme.hooks:
         out = out + scheme.values(attn, ctx.pos, ctx.shared, layer)

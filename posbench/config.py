@@ -65,9 +65,9 @@ class EvalConfig:
     yarn_beta: float = 32.0
     llama3_low: float = 1.0  # wavelengths above train_len / llama3_low are interpolated fully
     llama3_high: float = 4.0  # wavelengths below train_len / llama3_high are kept
-    self_extend_group: int = 8  # Self-Extend G (SCHEMES.md 34)
+    self_extend_group: int = 8  # Self-Extend G (posbench/docs/extension.md)
     self_extend_window: int = 0  # Self-Extend W, the neighbour window; 0: train_len / 4
-    rerope_window: int = 0  # ReRoPE w (SCHEMES.md 35); 0: train_len / 4
+    rerope_window: int = 0  # ReRoPE w (posbench/docs/extension.md); 0: train_len / 4
     rerope_leak: float = 0.0  # ReRoPE k: 0 clips relative positions at w; k >= 1: leaky ReRoPE
     learned_extension: tuple[str, ...] = ("none",)
     position_buckets: int = 16
@@ -105,7 +105,7 @@ class ProbesConfig:
 
 @dataclass(frozen=True)
 class ExtendConfig:
-    """Extension by fine-tuning (posbench.extend; SCHEMES.md 27): every finished parent of a scheme
+    """Extension by fine-tuning (posbench.extend; posbench/docs/extension.md): every finished parent of a scheme
     of `methods` fine-tuned with each of its methods to `target_len`, once per budget of `steps`
     (steps of the parent's batch size at target_len: every method of one parent gets the same
     tokens), with the parent's optimizer settings but this lr, warm-up and schedule."""
@@ -118,7 +118,7 @@ class ExtendConfig:
     schedule: str = "constant"
     yarn_alpha: float = 1.0
     yarn_beta: float = 32.0
-    # LongRoPE's evolutionary search (SCHEMES.md 36): posbench's small preset, 16 + 10 x 16 evaluations
+    # LongRoPE's evolutionary search (posbench/docs/extension.md): posbench's small preset, 16 + 10 x 16 evaluations
     population: int = 16
     parents: int = 8  # the best kept each iteration
     mutation: float = 0.3  # chance that a mutation redraws each factor
@@ -212,7 +212,7 @@ def _parse(path: Path) -> Task:
     raw.setdefault("name", path.stem)
     if "passkey" in raw:
         raise PosbenchError(f'{path}: the [passkey] section became [probes]: names = ["passkey"] '
-                            "(see README, Probes)")
+                            "(see posbench/docs/probes.md)")
     try:
         raw["plugins"] = _load_plugins(raw.get("plugins", []), path)
         return build(Task, raw, where=str(path))

@@ -1,4 +1,4 @@
-"""Text sources, tokenizers and the on-disk cache of tokenized splits (DESIGN.md, Data).
+"""Text sources, tokenizers and the on-disk cache of tokenized splits (posbench/docs/data.md).
 
 A data SPEC is one of:
 - ``pystdlib``: the running Python's standard-library ``.py`` files (no site-/dist-packages),
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from posbench.errors import PosbenchError
+from posbench.errors import PosbenchError, naming
 from posbench.probes import PROBES, TOKENIZER, parse_probe, probe_name
 from posbench.probes.symbols import SYMBOLS
 
@@ -393,10 +393,12 @@ def build_cache(corpus: Corpus, cfg: DataConfig, where: Path) -> None:
             ids = tok.encode_documents(corpus.splits[split])
             if len(ids) < 2:
                 raise PosbenchError(f"corpus {corpus.spec!r} has an empty {split} split")
-            np.save(tmp / f"{split}.npy", ids.astype(np.uint16 if tok.vocab_size <= 65536 else np.int32))
+            with naming(where / f"{split}.npy"):
+                np.save(tmp / f"{split}.npy", ids.astype(np.uint16 if tok.vocab_size <= 65536 else np.int32))
         meta = {"spec": corpus.spec, "fingerprint": corpus.fingerprint, "tokenizer": tokenizer_label(cfg),
                 "vocab_size": tok.vocab_size, "eos_id": tok.eos_id, "format": CACHE_FORMAT}
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        with naming(where / "meta.json"):
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         try:
             tmp.rename(where)
         except OSError:  # another process filled the cache first

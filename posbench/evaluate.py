@@ -1,4 +1,4 @@
-"""Perplexity beyond the training length (DESIGN.md, Evaluation protocol).
+"""Perplexity beyond the training length (posbench/docs/evaluation.md).
 
 - ``nonoverlap`` (Press et al.): the test stream is cut into windows of L and every token is
   scored. Every length scores the same budget of target tokens, the same tokens where L divides
@@ -37,6 +37,8 @@ from typing import Iterator
 import torch
 
 from posbench import results, stats
+from posbench.attention import observe
+from posbench.attention_measures import Recorder
 from posbench.config import EvalConfig
 from posbench.data import TokenData, load_tokens
 from posbench.errors import PosbenchError
@@ -174,8 +176,11 @@ def score(model, stream: torch.Tensor, length: int, cfg: EvalConfig, lengths, de
 
 
 def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cache=None,
-                 task: str | None = None) -> tuple[list[dict], list[dict], list[dict]]:
-    """Rows for extrapolation.csv, positions.csv and windows.csv of one finished run."""
+                 task: str | None = None, attention: list[dict] | None = None
+                 ) -> tuple[list[dict], list[dict], list[dict]]:
+    """Rows for extrapolation.csv, positions.csv and windows.csv of one finished run; given a
+    list `attention`, the rows of attention.csv are appended to it (the weights' measures at
+    every length, posbench.attention_measures)."""
     dev = resolve_device(device)
     spec, model, _ = load_trained(run_dir, dev)
     data_cache = {} if data_cache is None else data_cache
@@ -199,11 +204,18 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
                    "stride": stride_for(cfg, length), "scaling": variant.scaling_label, "extension": variant.extension,
                    "backend": model.layout.backends(dev, model.backend)}
             total = count = window_loss = 0
+            recorder = Recorder(model.layout.spans, spec.train.train_len) if attention is not None else None
+            # The explicit path is the only one that forms the weights: a run already on it is
+            # recorded while it is scored, any other by a second pass over the same windows.
+            inline = recorder is not None and row["backend"] == "explicit"
             try:
                 for draw in range(draws):
                     pos = evaluation_positions(spec.train, length, draw)
-                    t, c, starts, w = score(model, stream, length, cfg, cfg.lengths, dev, spec.train.dtype, pos)
+                    with observe(recorder if inline else None):
+                        t, c, starts, w = score(model, stream, length, cfg, cfg.lengths, dev, spec.train.dtype, pos)
                     total, count, window_loss = total + t, count + c, window_loss + w
+                    if recorder is not None and not inline:
+                        record_attention(model, stream, length, cfg, dev, spec.train.dtype, pos, recorder)
             except PositionLimitError as e:
                 rows.append({**row, "status": "unsupported", "reason": str(e), "tokens": 0})
                 continue
@@ -216,7 +228,21 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
                          "status": status, "reason": ""})
             positions += position_rows(row, total, count, cfg.position_buckets)
             per_window += window_rows(row, starts, window_loss)
+            if recorder is not None:
+                attention += [{**row, **r, "backend": "explicit"} for r in recorder.rows()]
     return rows, positions, per_window
+
+
+def record_attention(model, stream: torch.Tensor, length: int, cfg: EvalConfig, device, dtype: str,
+                     pos: torch.Tensor | None, recorder: Recorder) -> None:
+    """The windows `score` reads, run again with every layer on the explicit path, each
+    layer's weights seen by `recorder`."""
+    forced, model.backend = model.backend, "explicit"
+    try:
+        with observe(recorder):
+            score(model, stream, length, cfg, cfg.lengths, device, dtype, pos)
+    finally:
+        model.backend = forced
 
 
 def loss_interval(loss: float, window_loss: list[float], block: int) -> dict:
@@ -276,8 +302,9 @@ def position_keys(rows: list[dict[str, str]], cfg: EvalConfig) -> set[tuple[str,
 
 def extrapolate(runs_dir: Path | str, cfg: EvalConfig, schemes: list[str] | None = None,
                 out: Path | str | None = None, device: str = "auto", progress: bool = False,
-                runs: list[Path] | None = None) -> list[dict]:
-    """Evaluate every finished run (or those of `schemes`); merge rows into out/*.csv."""
+                runs: list[Path] | None = None, attention: bool = False) -> list[dict]:
+    """Evaluate every finished run (or those of `schemes`); merge rows into out/*.csv (with
+    `attention`, attention.csv too)."""
     runs = find_runs(runs_dir, schemes) if runs is None else runs
     found = len(runs)
     runs = [r for r in runs if not on_probe(r)]  # scored by `posbench probe`, not by perplexity
@@ -286,7 +313,8 @@ def extrapolate(runs_dir: Path | str, cfg: EvalConfig, schemes: list[str] | None
         probes = f" ({found} trained on probes: score them with `posbench probe`)" if found else ""
         raise PosbenchError(f"no trained runs{named} on text in {runs_dir}{probes}; run `posbench train` first")
     out = Path(out or runs_dir)
-    for table in ("windows", "extrapolation", "positions"):  # a damaged table fails before any is written
+    tables = ("windows", "extrapolation", "positions") + (("attention",) if attention else ())
+    for table in tables:  # a damaged table fails before any is written
         results.read_rows(results.table_path(out, table))
     cache: dict = {}
     all_rows = []
@@ -296,7 +324,10 @@ def extrapolate(runs_dir: Path | str, cfg: EvalConfig, schemes: list[str] | None
         task = bar.add_task("extrapolate", total=len(runs))
         for run_dir in runs:
             bar.update(task, description=run_dir.name)
-            rows, positions, per_window = evaluate_run(run_dir, cfg, device, cache)
+            measured = [] if attention else None
+            rows, positions, per_window = evaluate_run(run_dir, cfg, device, cache, attention=measured)
+            if measured:
+                results.merge_rows(out, "attention", measured)
             results.merge_rows(out, "windows", per_window)
             results.merge_rows(out, "extrapolation", rows)
             results.merge_rows(out, "positions", positions)

@@ -1,4 +1,4 @@
-"""`posbench extend`: context extension by fine-tuning (DESIGN.md, Round three; SCHEMES.md 27).
+"""`posbench extend`: context extension by fine-tuning (posbench/docs/extension.md).
 
 Each finished parent run is fine-tuned with each method into a child run: the parent's scheme,
 data, model, seed and optimizer settings, the extension's lr, warm-up and schedule, the method's
@@ -35,7 +35,7 @@ import torch
 from posbench import batches, layout, results
 from posbench.config import ExtendConfig
 from posbench.data import TokenData, cached_tokens
-from posbench.errors import PosbenchError, RunFailed
+from posbench.errors import PosbenchError, RunFailed, on_interrupt
 from posbench.extension import DROPE, METHODS, Extension, check_pairing
 from posbench.probes import parse_probe
 from posbench.schemes.rotary import RopeScaling, yarn_ramp
@@ -168,7 +168,9 @@ def with_factors(spec: RunSpec, runs_dir: Path, data: TokenData | None, device: 
         dev = resolve_device(device)
         _, model, _ = load_trained(runs_dir / spec.extension.parent, dev)
         log(f"longrope: searching factors for {spec.extension.parent} at {spec.extension.target_len}")
-        found = search_factors(model, target_loss(model, spec, data, dev), spec.extension, spec.seed)
+        with on_interrupt(f"during the LongRoPE search of {spec.run_id}, which is not kept (run again to search "
+                          "anew); finished runs and results are kept as they were"):
+            found = search_factors(model, target_loss(model, spec, data, dev), spec.extension, spec.seed)
         factors = found["factors"]
         results.write_atomic(run_dir / "search.json", json.dumps(found, indent=1) + "\n")
     return dataclasses.replace(spec, extension=dataclasses.replace(spec.extension, factors=tuple(factors)))

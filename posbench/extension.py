@@ -1,4 +1,4 @@
-"""What makes a run a child (DESIGN.md, Round three; SCHEMES.md 27): the parent it was fine-tuned
+"""What makes a run a child (posbench/docs/extension.md): the parent it was fine-tuned
 from, the method, the target length and the method's settings. posbench.extend builds children;
 training and evaluation read this record only, so a child's evaluation applies its method
 (the rescaling it trained with) by itself.
@@ -7,8 +7,8 @@ Methods, with s = L' / L (L: the parent's training length, L': the target):
 - `plain`: fine-tune at L', positions and frequencies unchanged (any scheme);
 - `pi`, `ntk`, `yarn`: posbench's eval-time formulas (posbench.schemes.rotary) at the fixed s,
   in training and at evaluation (YaRN with its attention factor 0.1 ln s + 1);
-- `longrope`: per-pair factors searched on validation loss at L' before fine-tuning (SCHEMES.md
-  36), with the attention factor sqrt(1 + ln s / ln L). posbench's variant is long-factors-only:
+- `longrope`: per-pair factors searched on validation loss at L' before fine-tuning
+  (posbench/docs/extension.md), with the attention factor sqrt(1 + ln s / ln L). posbench's variant is long-factors-only:
   the searched factors apply at every length. transformers' `longrope` holds two sets and takes
   `short_factor` for windows up to the original length L (`long_factor` beyond), and LongRoPE
   searches the short set separately (section 3.3) to recover short-context quality; posbench

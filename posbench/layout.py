@@ -1,4 +1,4 @@
-"""Layouts (SCHEMES.md 21): what each layer of the model does: its scheme (with its parameters),
+"""Layouts (posbench/docs/layouts.md): what each layer of the model does: its scheme (with its parameters),
 its attention span and its temperature. A pattern of layers repeats to the model's depth (and is
 cut where the depth ends). The model asks the layout; it knows no particular scheme.
 

@@ -1,5 +1,5 @@
 """`posbench speed`: what each scheme's attention costs, forward and forward+backward, at each
-length, beside `none` timed in the same run (DESIGN.md, Results: speed.csv).
+length, beside `none` timed in the same run (posbench/docs/gpu.md, Attention cost).
 
 One timed call is the scheme's attention layer on the path `Transformer.forward` takes: the token
 embedding (the model's table, or the scheme's own), the scheme's input and mixer hooks,
@@ -461,8 +461,4 @@ def plot_speed(rows: list[dict[str, Any]], path: Path | str) -> Path:
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center right", fontsize=8)
     fig.tight_layout(rect=(0, 0, 0.86, 1))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return results.save_figure(fig, path, 120)

@@ -21,7 +21,7 @@ import torch
 from posbench import batches, flops, layout, plugins, results, trackers
 from posbench.config import TrainConfig, build, stable_hash
 from posbench.data import DataConfig, TokenData, check_probe_corpus, is_probe, load_tokens, probe_corpus, unigram_loss
-from posbench.errors import PosbenchError, RunFailed, on_interrupt
+from posbench.errors import Interrupted, PosbenchError, RunFailed, on_interrupt
 from posbench.extension import Extension, columns as extension_columns
 from posbench.model import ModelConfig, Transformer
 from posbench.probes import PROBES, probe_name
@@ -65,7 +65,7 @@ class RunSpec:
 
     @property
     def original_len(self) -> int:
-        """The length the model's positions were trained at: a child's parent's (L of SCHEMES.md 27)."""
+        """The length the model's positions were trained at: a child's parent's (L of posbench/docs/extension.md)."""
         return self.extension.base_len if self.extension is not None else self.train.train_len
 
     def identity(self) -> dict[str, Any]:
@@ -385,6 +385,15 @@ def load_checkpoint(run_dir: Path, model, opt, gen) -> tuple[dict[str, Any], lis
     return state, log
 
 
+def read_log(run_dir: Path) -> list[dict[str, Any]]:
+    """The training log of a run's last checkpoint, every value exact (log.csv rounds lr and seconds)."""
+    tensors, _ = _read_safetensors(Path(run_dir) / CHECKPOINT)
+    try:
+        return _log_rows(tensors["log"])
+    except (KeyError, ValueError) as e:
+        raise PosbenchError(f"corrupt checkpoint {Path(run_dir) / CHECKPOINT}: {e}") from None
+
+
 def load_spec(run_dir: Path) -> tuple[RunSpec, dict]:
     """A run's spec and its config.json as read."""
     run_dir = Path(run_dir)
@@ -441,6 +450,9 @@ def load_trained(run_dir: Path, device="cpu") -> tuple[RunSpec, Transformer, int
 # --- the loop --------------------------------------------------------------------------------
 
 LOG_COLUMNS = ["step", "lr", "loss", "val_loss", "val_accuracy", "tokens", "seconds"]
+# Of the tokens a run computed on (every position of every batch: `tokens`, which tokens/s and MFU
+# count), those whose targets carry loss and those that are padding; a probe run's rows tell them apart.
+COUNTS = ("scored_tokens", "padding_tokens")
 
 
 @dataclass
@@ -492,7 +504,8 @@ def _interrupt_at_step_end():
     second signal stops at once (KeyboardInterrupt), leaving the last checkpoint, also a consistent
     one. Yields a list that is non-empty once a signal came. Signals reach only the main thread:
     elsewhere they are left as they are, and so is a signal that the parent process chose to
-    ignore."""
+    ignore. A scheduler's signal is acknowledged in the job's log at once; Ctrl-C is answered by
+    the one line that says what was kept (Interrupted)."""
     pressed: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield pressed
@@ -502,8 +515,9 @@ def _interrupt_at_step_end():
         if pressed:
             raise KeyboardInterrupt
         pressed.append(signum)
-        print(f"{signal.Signals(signum).name}: finishing this step, then saving a checkpoint; "
-              "Ctrl-C again stops at once", file=sys.stderr)
+        if signum != signal.SIGINT:
+            print(f"{signal.Signals(signum).name}: finishing this step, then saving a checkpoint; "
+                  "Ctrl-C again stops at once", file=sys.stderr)
 
     caught = [s for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
     previous = {s: signal.signal(s, handler) for s in caught}
@@ -533,8 +547,10 @@ def train(
     run_dir = runs_dir / spec.run_id
     trackers.require(spec.train.tracker)
     ddp, dev = Distributed.from_env(resolve_device(device))
+    # config.json alone is not worth keeping: a run that fails before its first checkpoint leaves nothing
+    claim = results.claim(run_dir, f"run {spec.run_id}", setup=("config.json",)) if ddp.main else contextlib.nullcontext()
     try:
-        with results.claim(run_dir, f"run {spec.run_id}") if ddp.main else contextlib.nullcontext(), \
+        with claim, \
                 on_interrupt(f"before {spec.run_id} took a step; finished runs, results and checkpoints "
                              "are kept as they were (run again, with --resume, to go on)"):
             return _train(spec, runs_dir, run_dir, dev, ddp, resume, progress and ddp.main, data, stop_after)
@@ -571,9 +587,11 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
         results.write_atomic(run_dir / "config.json", json.dumps(config, indent=1, default=str))
 
     step, seconds, log = 0, 0.0, []
+    counted: dict[str, int | None] = dict.fromkeys(COUNTS, 0)
     if resume and (run_dir / CHECKPOINT).exists():
         state, log = load_checkpoint(run_dir, model, opt, gen)
         step, seconds = state["step"], state["seconds"]
+        counted = {k: state.get(k) for k in COUNTS}  # a checkpoint of an older posbench: unknown
         if ddp.main:
             _write_log(run_dir, log)  # the view may lag its checkpoint after a kill
     elif ddp.main:
@@ -598,7 +616,7 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
     def checkpoint():
         nonlocal saved
         if ddp.main:
-            save_checkpoint(run_dir, model, opt, gen, {"step": step, "seconds": seconds}, log)
+            save_checkpoint(run_dir, model, opt, gen, {"step": step, "seconds": seconds, **counted}, log)
         saved = step
 
     def fail(message: str):
@@ -606,7 +624,7 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
         checkpoint()
         if ddp.main:
             results.merge_rows(runs_dir, "runs", [{**row_base, "status": "failed", "message": message,
-                                                   "tokens": step * t.batch_size * t.train_len}])
+                                                   "tokens": step * t.batch_size * t.train_len, **counted}])
         raise RunFailed(f"{spec.run_id}: {message}; recorded as failed in {runs_dir / 'runs.csv'}")
 
     def forward_backward(batch: batches.Batch) -> float:
@@ -631,18 +649,22 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
             while step < stop_at:
                 if ddp.any(bool(pressed), dev):
                     checkpoint()
-                    raise PosbenchError(f"interrupted at step {step}; continue with the same command and --resume")
+                    raise Interrupted(f"{spec.run_id} checkpointed at step {step} of {t.steps}; finished runs "
+                                      "and results are kept (continue with the same command and --resume)")
                 began = time.perf_counter()
                 gen_at_step_start = gen.get_state()
                 for group in opt.param_groups:
                     group["lr"] = lr_at(step, t)
-                batch = ddp.local(source.sample(gen)).to(dev)
+                drawn = source.sample(gen)
+                batch = ddp.local(drawn).to(dev)
                 value = net.first_step(lambda: forward_backward(batch))
                 row_base["compile"] = net.status  # "fallback" once the first step failed to compile
                 torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
                 opt.step()
                 step += 1
                 seconds += time.perf_counter() - began
+                for k, n in zip(COUNTS, (drawn.scored, drawn.padding)):
+                    counted[k] = None if counted[k] is None else counted[k] + n
                 entry = {"step": step, "lr": lr_at(step - 1, t), "loss": value, "val_loss": None,
                          "val_accuracy": None, "tokens": step * t.batch_size * t.train_len, "seconds": seconds}
                 if (step % t.eval_interval == 0 or step == t.steps) and ddp.main:
@@ -656,9 +678,8 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
                 if step % t.checkpoint_interval == 0:
                     checkpoint()
         except KeyboardInterrupt:
-            raise PosbenchError(
-                f"stopped at once; --resume continues from the checkpoint of step {saved}"
-            ) from None
+            raise Interrupted(f"stopped at once; {spec.run_id} keeps its checkpoint of step {saved} "
+                              "(--resume continues from it)") from None
     checkpoint()
     stopped = bool(log) and learned(log[-1], t)
     if step < t.steps and not stopped:
@@ -672,7 +693,8 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
     tail = [e["loss"] for e in log[-10:]]
     tokens = step * t.batch_size * t.train_len
     row = {
-        **row_base, "tokens": tokens, "stopped_at": step if step < t.steps else None, "final_train_loss": sum(tail) / len(tail),
+        **row_base, "tokens": tokens, **counted, "stopped_at": step if step < t.steps else None,
+        "final_train_loss": sum(tail) / len(tail),
         "final_val_loss": log[-1]["val_loss"], "final_val_accuracy": log[-1]["val_accuracy"],
         "unigram_val_loss": unigram_loss(data.train, data.valid, data.vocab_size) if data is not None else None,
         "train_seconds": seconds, "tokens_per_second": tokens / max(seconds, 1e-9),

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The extension tables of README, "Extension", from a results directory of `posbench run extend`
+"""The extension tables of results/extend/README.md, from a results directory of `posbench run extend`
 (or `extend-passkey`): perplexity by method and budget, mean over seeds with its t-interval, the
 tokens and wall seconds of fine-tuning; paired comparisons between children of the same parents
 (perplexity ratio over the same windows and seeds); and, where probes.csv holds passkey rows,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The probe tables of README, "Probes", from a results directory of the probes task (runs.csv,
+"""The probe tables of results/probes/README.md, from a results directory of the probes task (runs.csv,
 probes.csv and the runs' config.json): the step each run stopped at (its early stop, or its last
 step with its final held-out accuracy in parentheses), probe x scheme; and per-answer accuracy at
 each ratio of the training length, variants pooled (passkey's depths), with the Wilson interval of
@@ -30,7 +30,7 @@ from posbench.probes import PROBES
 from posbench.report import label
 
 ORDER = ["mqar", "passkey", "multikey", "multivalue", "multiquery", "vartrack", "copy", "reverse", "sort",
-         "parity", "addition"]  # README's order; probes not named here follow
+         "parity", "addition"]  # the order of results/probes/README.md; probes not named here follow
 COLUMNS = ["none", "rope", "rope+randomized", "alibi", "t5", "kerple", "fire", "fox", "rnope-swa"]
 
 

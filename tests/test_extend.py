@@ -1,4 +1,4 @@
-"""Extension by fine-tuning (SCHEMES.md 27, 34-37): rescalings against their references, PoSE's
+"""Extension by fine-tuning (posbench/docs/extension.md): rescalings against their references, PoSE's
 positions, Self-Extend's and ReRoPE's logit maps against hand-computed relative positions, equal
 budgets, children as runs (resume, missing parents, bad pairings) and the commands end to end."""
 

@@ -1,4 +1,4 @@
-"""Forget gates and stick-breaking (SCHEMES.md 25-26): `fox` adds c_i - c_j with c the running sum
+"""Forget gates and stick-breaking: `fox` adds c_i - c_j with c the running sum
 of log forget gates read from each layer's input; `stickbreaking` replaces softmax. Both read no
 positions; each is checked against a direct loop over the formula."""
 

@@ -1,4 +1,4 @@
-"""PaTH and PaTH-FoX (SCHEMES.md 28): the chunked UT form of `path_logits` against the reference's
+"""PaTH and PaTH-FoX: the chunked UT form of `path_logits` against the reference's
 own formulations (fla `naive_path_attn`'s definition, its O(T^2 D) CPU scan, the materialized
 product of Householder matrices, and its decoding's key-cache update), in float64; the limits
 beta = 0 (NoPE, and FoX for path-fox); the short convolution's reach; the memory at length."""

@@ -1,5 +1,5 @@
 """The content-dependent relative schemes (posbench/schemes/relative.py) against explicit double
-loops over (i, j) written from the formulas of SCHEMES.md, plus their defining properties and a
+loops over (i, j) written from the formulas of their papers, plus their defining properties and a
 check that no path materializes a (T, T, D) tensor."""
 
 import math

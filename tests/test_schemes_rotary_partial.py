@@ -1,4 +1,4 @@
-"""Partial rotary in its two conventions (SCHEMES.md 23): `rope` with `fraction` p rotates the first
+"""Partial rotary in its two conventions (posbench/docs/choices.md): `rope` with `fraction` p rotates the first
 floor(p * D) dims at the spectrum of a smaller head; `p-rope` keeps the full head's spectrum and
 zeroes its lowest frequencies. The tiny model has head dim D = 8, base 10000."""
 

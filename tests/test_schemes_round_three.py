@@ -1,4 +1,4 @@
-"""The 2025-26 schemes of SCHEMES.md 29-33: pope, dape, fope, resonance (cable sits with fox in
+"""The 2025-26 schemes of the catalogue: pope, dape, fope, resonance (cable sits with fox in
 test_schemes_gates.py). Each is checked against its reference's formula, with numbers computed
 from it, and trained and extrapolated to 16x from the command line."""
 

@@ -78,7 +78,7 @@ def test_resume_continues_to_the_same_result(tiny_data, tmp_path):
     assert part.row["status"] == "partial"
     assert not (tmp_path / "split" / "runs.csv").exists()
     resumed = train(spec_for(tiny_data), tmp_path / "split", device="cpu", progress=False, resume=True).row
-    # bit for bit, as the README promises: the row, the log and the weights
+    # bit for bit, as posbench/docs/results.md promises: the row, the log and the weights
     volatile = ("train_seconds", "tokens_per_second", "model_flops_per_second", "created")  # clocks
     assert {k: v for k, v in resumed.items() if k not in volatile} == {k: v for k, v in whole.items() if k not in volatile}
     logs = [results.read_rows(tmp_path / d / part.run_id / "log.csv") for d in ("whole", "split")]
