@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""The headline of README.md from the committed results: a table of a few schemes (perplexity at
+the training length, 4x and 16x with its 95% interval over seeds, and the effective length) and
+its figure, results/headline.png. Nothing is typed in: every number is read from the CSVs of
+results/catalogue and results/layouts, which `posbench run catalogue --seeds 0,1,2 --no-speed` and
+`posbench run layouts --seeds 0,1,2 --no-speed` write.
+
+    python scripts/headline.py            # prints the table, writes results/headline.png
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from posbench import report, results, stats
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+# (results folder, labels as the tables print them), in the order of the table
+ROWS = [
+    ("catalogue", ["none", "rope", "rope+yarn", "alibi", "kerple", "xl", "fox", "stickbreaking"]),
+    ("layouts", ["rnope-swa", "swan"]),
+]
+LENGTHS = (64, 256, 1024)
+
+
+def rows(table: str) -> list[dict]:
+    """The rows of `table` whose label is one of the headline's, each from its own folder."""
+    out = []
+    for folder, labels in ROWS:
+        out += [r for r in results.read_rows(results.table_path(RESULTS / folder, table))
+                if report.label(r) in labels]
+    return out
+
+
+def table() -> str:
+    df = report.extrapolation_frame(rows("extrapolation"))
+    effective = report.effective_cells(rows("effective_length"))
+    body = []
+    for _, labels in ROWS:
+        for name in labels:
+            mine = df[df["label"] == name]
+            cells = []
+            for n in LENGTHS:
+                iv = stats.mean_interval(mine[mine["eval_len"] == n]["ppl"])
+                cells.append(f"{iv.mean:.1f} [{iv.lo:.1f}, {iv.hi:.1f}]")
+            body.append([f"`{name}`", str(mine["seed"].nunique()), *cells, effective[(name, "nonoverlap")]])
+    headers = ["scheme", "seeds", *(f"{n} ({n // LENGTHS[0]}x)" for n in LENGTHS), "effective length"]
+    return report.markdown_table(headers, body)
+
+
+def main() -> int:
+    print(table())
+    path = report.plot_extrapolation(rows("extrapolation"), RESULTS / "headline.png")
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
