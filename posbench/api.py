@@ -90,9 +90,11 @@ def extrapolate(*, runs_dir: str | Path = "runs", scheme: str | Iterable[str] | 
                 self_extend_window: int | None = None, rerope_window: int | None = None,
                 rerope_leak: float | None = None, learned_extension: str | Iterable[str] | None = None,
                 position_draws: int | None = None, tolerance: float | None = None, device: str = "auto",
-                out: str | Path | None = None, plugins: Sequence[str] = (), progress: bool = False) -> pd.DataFrame:
+                out: str | Path | None = None, attention: bool = False, plugins: Sequence[str] = (),
+                progress: bool = False) -> pd.DataFrame:
     """Evaluate every trained run at every length: the extrapolation rows (also written, with
-    positions.csv, windows.csv, effective_length.csv and the plots, to `out` or `runs_dir`)."""
+    positions.csv, windows.csv, effective_length.csv and the plots, to `out` or `runs_dir`; with
+    `attention`, attention.csv and its plots too, posbench.attention_measures)."""
     from posbench import effective, evaluate, report
 
     _load(plugins)
@@ -106,10 +108,17 @@ def extrapolate(*, runs_dir: str | Path = "runs", scheme: str | Iterable[str] | 
         effective_tolerance=tolerance,
     )
     out_dir = Path(out or runs_dir)
-    rows = evaluate.extrapolate(Path(runs_dir), cfg, _schemes(scheme), out_dir, device, progress=progress)
+    rows = evaluate.extrapolate(Path(runs_dir), cfg, _schemes(scheme), out_dir, device, progress=progress,
+                                attention=attention)
     effective.write(out_dir, cfg.effective_tolerance, cfg.effective_threshold)
-    report.plot_extrapolation(results.read_rows(results.table_path(out_dir, "extrapolation")),
-                              out_dir / "extrapolation.png")
+    extrapolation = results.read_rows(results.table_path(out_dir, "extrapolation"))
+    report.plot_extrapolation(extrapolation, out_dir / "extrapolation.png")
+    if attention:
+        from posbench import attention_measures
+
+        measured = results.read_rows(results.table_path(out_dir, "attention"))
+        attention_measures.plot(measured, out_dir / "attention.png", extrapolation)
+        attention_measures.plot_layers(measured, out_dir / "attention_layers.png")
     report.plot_positions(results.read_rows(results.table_path(out_dir, "positions")), out_dir / "positions.png")
     return _frame(rows)
 

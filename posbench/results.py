@@ -73,6 +73,14 @@ TABLES: dict[str, dict[str, list[str]]] = {
                     "effective_len", "ratio", "status", "parent_run", "extend_method", "extend_len",
                     "extend_steps"] + PROVENANCE,
     },
+    # Per layer and head, what attention does at each length (posbench.attention_measures).
+    "attention": {
+        "key": ["run_id", "eval_len", "mode", "stride", "scaling", "extension", "layer", "head"],
+        "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "eval_len", "ratio", "mode",
+                    "stride", "scaling", "extension", "position_draws", "layer", "head", "windows",
+                    "entropy", "entropy_norm", "distance", "sink_mass", "far_mass", "far_from", "backend",
+                    "parent_run", "extend_method", "extend_len", "extend_steps"] + PROVENANCE,
+    },
     "speed": {
         "key": ["scheme", "backend", "pass", "device", "device_name", "dtype", "batch", "heads",
                 "head_dim", "seq_len"],
@@ -103,11 +111,12 @@ ADDED_LATER: dict[str, set[str]] = {
 INTEGERS = {"seed", "train_len", "steps", "tokens", "n_params", "eval_len", "stride", "position_draws",
             "window", "start", "bucket", "position_start", "position_end", "trials", "hits", "max_len",
             "effective_len", "batch", "heads", "head_dim", "seq_len", "stopped_at", "answers", "exact", "extend_len",
-            "extend_steps"}
+            "extend_steps", "layer", "head", "windows", "far_from"}
 NUMBERS = {"final_train_loss", "final_val_loss", "unigram_val_loss", "train_seconds", "tokens_per_second",
            "model_flops_per_second", "mfu", "ratio", "loss", "ppl", "loss_se", "ppl_lo", "ppl_hi",
            "accuracy", "acc_lo", "acc_hi", "reference", "criterion", "median_ms", "iqr_ms", "tflops",
-           "peak_mem_mb", "ratio_vs_none", "final_val_accuracy", "exact_match", "em_lo", "em_hi", "chance"}
+           "peak_mem_mb", "ratio_vs_none", "final_val_accuracy", "exact_match", "em_lo", "em_hi", "chance",
+           "entropy", "entropy_norm", "distance", "sink_mass", "far_mass"}
 
 
 def _check_cell(path: Path, line: int, column: str, value: str) -> None:
