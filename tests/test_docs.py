@@ -97,3 +97,17 @@ def test_the_readme_headline_is_what_the_results_say():
 
 def test_the_manual_ships_with_the_package():
     assert '"docs/*.md"' in (REPO / "pyproject.toml").read_text()  # tool.setuptools.package-data
+
+
+def test_the_command_reference_names_every_flag():
+    import click
+    import typer
+
+    from posbench.cli import app
+
+    page = (DOCS / "commands.md").read_text(encoding="utf-8")
+    group = typer.main.get_command(app)
+    missing = [f"{name} {opt}" for name, command in group.commands.items() for param in command.params
+               if isinstance(param, click.Option) for opt in param.opts[:1]
+               if opt.startswith("--") and opt not in ("--help",) and opt not in page]
+    assert not missing, f"posbench/docs/commands.md lacks {missing}"
