@@ -150,21 +150,24 @@ def train(
     vocab_size: Optional[int] = typer.Option(None, help="BPE vocabulary size"),
     runs_dir: Path = typer.Option(Path("runs"), help="where runs and runs.csv go"),
     resume: bool = typer.Option(False, help="continue an interrupted run from its checkpoint"),
+    overwrite: bool = typer.Option(False, help="train a finished run again from scratch (else it is kept)"),
     tracker: Optional[str] = typer.Option(None, help=TRACKER_HELP),
 ):
-    """Train one model with one scheme or layout (the task's settings, overridden by flags)."""
+    """Train one model with one scheme or layout (the task's settings, overridden by flags). A
+    finished run is kept unless --overwrite."""
     from posbench import api
 
     row = api.train(scheme, task=task, data=data, train_len=train_len, steps=steps, batch_size=batch_size,
                     d_model=d_model, layers=layers, heads=heads, lr=lr, seed=seed, param=param,
                     randomize_positions=randomize_positions, device=device, dtype=dtype, compile=compile_,
                     tokenizer=tokenizer, vocab_size=vocab_size, runs_dir=runs_dir, resume=resume,
-                    tracker=tracker, progress=sys.stderr.isatty()).attrs["rows"][0]
+                    tracker=tracker, progress=sys.stderr.isatty(), overwrite=overwrite).attrs["rows"][0]
     run_id, train_len = row["run_id"], row["train_len"]
     if os.environ.get("RANK", "0") != "0":
         return  # under torchrun, rank 0 reports
     if row["skipped"]:
-        console.print(f"{run_id}: already trained (runs.csv), nothing to do")
+        console.print(f"{run_id}: already trained (finished in runs.csv), kept as it is in {row['run_dir']}; "
+                      "--overwrite trains it again from scratch", soft_wrap=True, highlight=False)
         return
     if row["status"] != "ok":
         console.print(f"{run_id}: stopped early; continue with --resume")
@@ -198,7 +201,7 @@ def extrapolate(
     llama3_low: Optional[float] = typer.Option(None, help="Llama 3 low_freq_factor"),
     llama3_high: Optional[float] = typer.Option(None, help="Llama 3 high_freq_factor"),
     self_extend_group: Optional[int] = typer.Option(None, help="Self-Extend group G"),
-    self_extend_window: Optional[int] = typer.Option(None, help="Self-Extend neighbour window W (0: train_len/4)"),
+    self_extend_window: Optional[int] = typer.Option(None, help="Self-Extend neighbour window W, a multiple of G (0: train_len/4 rounded to a multiple of G)"),
     rerope_window: Optional[int] = typer.Option(None, help="ReRoPE window w (0: train_len/4)"),
     rerope_leak: Optional[float] = typer.Option(None, help="ReRoPE leak k (0: clip at w; >= 1: leaky ReRoPE)"),
     learned_extension: Optional[str] = typer.Option(None, help="comma-separated: none,hierarchical"),
@@ -225,12 +228,41 @@ def extrapolate(
                          mode=mode)
     eff = report.effective_by_label(effective.perplexity_rows(rows, cfg.effective_tolerance))
     console.print(report.ppl_table(rows, f"perplexity, {cfg.mode}", eff))
+    _note_scalings(rows, _split(rope_scaling) or config.load_task(task).eval.rope_scaling)
     written = [results.table_path(out_dir, t) for t in ("extrapolation", "positions", "windows", "effective_length")]
     plots = [Path(out_dir) / "extrapolation.png", Path(out_dir) / "positions.png"]
     if attention:
         written.append(results.table_path(out_dir, "attention"))
         plots += [Path(out_dir) / "attention.png", Path(out_dir) / "attention_layers.png"]
     console.print(f"wrote {', '.join(map(str, written + plots))}")
+
+
+@app.command()
+def inspect(
+    schemes: Optional[str] = typer.Argument(None, help="schemes, presets or layouts, comma-separated"),
+    run: Optional[str] = typer.Option(None, help="a trained run's run_id (in --runs-dir): its learned "
+                                      "parameters and its attention by length"),
+    runs_dir: Optional[Path] = typer.Option(None, help="trained runs (default runs): with --run, where it is; "
+                                            "alone, every run of SCHEMES (or all)"),
+    task: Optional[str] = typer.Option(None, help="task whose model and training length are drawn (default quick)"),
+    train_len: Optional[int] = typer.Option(None, help="training length L, marked on every picture (default the task's)"),
+    lengths: Optional[str] = typer.Option(None, help="without a run: draw to the longest (default 16 L); with a "
+                                          "run: lengths to measure attention at (default L,2L,..,16L)"),
+    rope_scaling: Optional[str] = typer.Option(None, help=f"rotary schemes drawn under these too; {ROPE_SCALING_HELP}"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda (trained runs)"),
+    out: Path = typer.Option(Path("inspect"), help="where the PNGs and inspect.md go"),
+):
+    """Pictures of each encoding past the training length (absolute tables, rotary logits and
+    pair angles, biases); with a trained run, its learned parameters and its attention by length
+    (entropy, distance, sink and far mass in attention.csv); inspect.md links them."""
+    from posbench import api
+
+    frame = api.inspect(schemes, run=run, runs_dir=runs_dir, task=task, train_len=train_len, lengths=lengths,
+                        rope_scaling=rope_scaling, device=device, out=out, progress=sys.stderr.isatty())
+    for row in frame.attrs["rows"]:
+        console.print(f"{row['scheme']:24} {row['kind']:16} {row['path'] or escape(row['caption'])}",
+                      soft_wrap=True, highlight=False)
+    console.print(f"wrote {frame.attrs['page']}", highlight=False)
 
 
 @app.command()
@@ -487,6 +519,15 @@ def report_cmd(
     console.print(f"wrote {report.write_report(directory, tolerance, threshold)}")
 
 
+def _note_scalings(rows: list[dict], kinds: tuple[str, ...]) -> None:
+    """One line when an asked-for RoPE scaling did not apply to some runs (posbench.evaluate.scaling_note)."""
+    from posbench.evaluate import scaling_note
+
+    line = scaling_note(rows, kinds)
+    if line:
+        err.print(f"note: {line}", markup=False, highlight=False, soft_wrap=True)
+
+
 def _warn_mixed_machines(directory: Path) -> None:
     """One line when the folder's runs were trained on machines of different kinds."""
     from posbench import machine, results
@@ -567,7 +608,9 @@ def probe(
                      device=device, out=out, progress=sys.stderr.isatty()).attrs["rows"]
     for table in report.probe_tables(rows):
         console.print(table)
-    report.write_report(out_dir)
+    e = config.load_task(task).eval
+    _note_scalings(rows, _split(rope_scaling) or e.rope_scaling)
+    report.write_report(out_dir, e.effective_tolerance, e.effective_threshold)
     console.print(f"wrote {results.table_path(out_dir, 'probes')}, probe_*.png and {Path(out_dir) / 'report.md'}")
 
 

@@ -26,6 +26,18 @@ def on_interrupt(kept: str):
         raise Interrupted(kept) from None
 
 
+@contextlib.contextmanager
+def naming(path):
+    """An OSError without a file name (a full disk fails a write, not an open) names `path`, so
+    the one line says which file."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from None
+
+
 def did_you_mean(word: str, choices, what: str) -> PosbenchError:
     """An error for an unknown `word`, suggesting the nearest of `choices`."""
     choices = sorted(choices)

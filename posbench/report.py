@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 from rich.table import Table
 
-from posbench import effective, stats
+from posbench import effective, machine, results, stats
 from posbench.errors import PosbenchError
 
 
@@ -250,10 +250,7 @@ def plot_probe_heatmap(df: pd.DataFrame, path: Path, title: str) -> Path:
     ax.set_xlabel("prompt length (tokens)")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return results.save_figure(fig, path, 110)
 
 
 def probes_markdown(rows, directory: Path) -> list[str]:
@@ -311,10 +308,7 @@ def plot_extrapolation(rows, path: Path) -> Path:
     ax.legend(fontsize=8, ncol=2)
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return results.save_figure(fig, path, 120)
 
 
 def plot_positions(rows, path: Path, eval_len: int | None = None) -> Path:
@@ -346,10 +340,7 @@ def plot_positions(rows, path: Path, eval_len: int | None = None) -> Path:
     ax.legend(fontsize=8, ncol=2)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return results.save_figure(fig, path, 120)
 
 
 def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
@@ -428,9 +419,9 @@ def effective_markdown(rows: list[dict]) -> str:
 def write_report(directory: Path | str, tolerance: float | None = None, threshold: float | None = None) -> Path:
     """report.md and PNG plots from the CSVs in `directory`, and effective_length.csv (perplexity
     within `tolerance` of in-distribution, accuracy at least `threshold`)."""
-    from posbench import results
-
     directory = Path(directory)
+    for table in results.TABLES:  # every table checked before anything is written: a damaged one changes nothing
+        results.read_rows(results.table_path(directory, table))
     read = lambda t: pd.DataFrame(results.read_rows(results.table_path(directory, t)))  # noqa: E731
     runs, ext, pos, speed = read("runs"), read("extrapolation"), read("positions"), read("speed")
     probes = results.read_probes(directory)
@@ -450,6 +441,9 @@ def write_report(directory: Path | str, tolerance: float | None = None, threshol
              "tokens/s", "backend"],
             [[r.run_id, r.label, r.data, r.seed, r.train_len, r.steps, r.n_params, _num(r.final_val_loss),
               _num(r.unigram_val_loss), _num(r.tokens_per_second, 0), r.backend] for r in ok.itertuples()]), ""]
+        mixed = machine.mixture(runs.to_dict("records"), "This folder")
+        if mixed:
+            md += [f"Note: {mixed}.", ""]
         failed = runs[runs["status"] != "ok"]
         for r in failed.itertuples():
             md.append(f"- {r.run_id}: {r.status} {r.message}")

@@ -24,15 +24,20 @@ from typing import Any, Iterable
 import torch
 
 import posbench
-from posbench.errors import PosbenchError
+from posbench import machine
+from posbench.errors import PosbenchError, naming
 
-PROVENANCE = ["device", "dtype", "torch", "posbench", "git_sha", "python", "corpus", "created"]
+# `machine` and `machine_detail`: what the numbers' bits depend on beyond the run_id (posbench.machine).
+PROVENANCE = ["device", "dtype", "torch", "posbench", "git_sha", "python", "corpus", "created", "machine",
+              "machine_detail"]
+MACHINE = {"machine", "machine_detail"}
 
 TABLES: dict[str, dict[str, list[str]]] = {
     "runs": {
         "key": ["run_id"],
         "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "randomized",
-                    "steps", "stopped_at", "tokens", "n_params", "final_train_loss", "final_val_loss", "final_val_accuracy",
+                    "steps", "stopped_at", "tokens", "scored_tokens", "padding_tokens", "n_params",
+                    "final_train_loss", "final_val_loss", "final_val_accuracy",
                     "unigram_val_loss", "train_seconds", "tokens_per_second",
                     "model_flops_per_second", "mfu", "backend", "compile", "status",
                     "message", "parent_run", "extend_method", "extend_len", "extend_steps", "plugins"] + PROVENANCE,
@@ -65,9 +70,11 @@ TABLES: dict[str, dict[str, list[str]]] = {
                     "reason", "parent_run", "extend_method", "extend_len", "extend_steps"] + PROVENANCE,
     },
     # Per run and protocol (perplexity: mode and stride; accuracy: the probe), the longest length
-    # from the training length up whose value stays within `criterion` (posbench.effective).
+    # from the training length up whose value stays within `criterion` (posbench.effective). The
+    # criterion is part of the key: `extrapolate --tolerance 0.2` and a later report at the default
+    # 0.1 each keep their rows.
     "effective_length": {
-        "key": ["run_id", "metric", "protocol", "scaling", "extension"],
+        "key": ["run_id", "metric", "protocol", "scaling", "extension", "criterion"],
         "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "metric", "protocol",
                     "scaling", "extension", "position_draws", "reference", "criterion", "max_len",
                     "effective_len", "ratio", "status", "parent_run", "extend_method", "extend_len",
@@ -97,12 +104,13 @@ TABLES: dict[str, dict[str, list[str]]] = {
 EXTENSION = {"parent_run", "extend_method", "extend_len", "extend_steps"}  # posbench.extension's columns
 ADDED_LATER: dict[str, set[str]] = {
     "runs": {"model_flops_per_second", "mfu", "compile", "stopped_at", "final_val_accuracy", "plugins",
-             *EXTENSION},
-    "extrapolation": {"position_draws", "loss_se", "ppl_lo", "ppl_hi", *EXTENSION},
+             "scored_tokens", "padding_tokens", *EXTENSION, *MACHINE},
+    "extrapolation": {"position_draws", "loss_se", "ppl_lo", "ppl_hi", *EXTENSION, *MACHINE},
     "windows": {"params", "position_draws", *EXTENSION},
     "positions": {"train_len"},
-    "probes": {"acc_lo", "acc_hi", "answers", "exact", "exact_match", "em_lo", "em_hi", "chance", *EXTENSION},
-    "effective_length": {"position_draws", *EXTENSION},
+    "probes": {"acc_lo", "acc_hi", "answers", "exact", "exact_match", "em_lo", "em_hi", "chance", *EXTENSION,
+               *MACHINE},
+    "effective_length": {"position_draws", *EXTENSION, *MACHINE},
     "speed": {"device_name"},
 }
 
@@ -111,7 +119,7 @@ ADDED_LATER: dict[str, set[str]] = {
 INTEGERS = {"seed", "train_len", "steps", "tokens", "n_params", "eval_len", "stride", "position_draws",
             "window", "start", "bucket", "position_start", "position_end", "trials", "hits", "max_len",
             "effective_len", "batch", "heads", "head_dim", "seq_len", "stopped_at", "answers", "exact", "extend_len",
-            "extend_steps", "layer", "head", "windows", "far_from"}
+            "extend_steps", "scored_tokens", "padding_tokens", "layer", "head", "windows", "far_from"}
 NUMBERS = {"final_train_loss", "final_val_loss", "unigram_val_loss", "train_seconds", "tokens_per_second",
            "model_flops_per_second", "mfu", "ratio", "loss", "ppl", "loss_se", "ppl_lo", "ppl_hi",
            "accuracy", "acc_lo", "acc_hi", "reference", "criterion", "median_ms", "iqr_ms", "tflops",
@@ -150,7 +158,7 @@ def _flock(lock_path: Path, wait: bool = True):
     with open(lock_path, "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         try:
-            with _naming(lock_path):
+            with naming(lock_path):
                 lock.seek(0)
                 lock.truncate()
                 lock.write(f"{os.getpid()}\n")
@@ -168,22 +176,12 @@ def _locked(path: Path):
 
 
 @contextlib.contextmanager
-def _naming(path: Path):
-    """An OSError without a file name (a full disk) names `path`: the one line says which file."""
-    try:
-        yield
-    except OSError as e:
-        if e.filename:
-            raise
-        raise OSError(e.errno, e.strerror, str(path)) from None
-
-
-@contextlib.contextmanager
-def claim(directory: Path, what: str):
+def claim(directory: Path, what: str, setup: tuple[str, ...] = ()):
     """Hold `directory` for one writer: a second process gets one clear line instead of writing
     into the same files. Temp files a killed writer left there are removed. A directory this call
-    created is removed again when the work fails before writing a file into it (a full disk, bad
-    input, Ctrl-C), so no empty run directory stays behind."""
+    created is removed again when the work fails before writing a file into it other than the
+    `setup` files (a run's config.json): a full disk, a folder that cannot be written, bad input,
+    Ctrl-C leave no run directory behind."""
     lock_path = directory / ".lock"
     created = not directory.exists()
     try:
@@ -195,8 +193,10 @@ def claim(directory: Path, what: str):
         raise PosbenchError(f"{what} is in use by another process (pid {holder}); "
                             "wait for it to finish, then run again with --resume") from None
     except BaseException:
-        if created and {p.name for p in directory.iterdir()} <= {".lock"}:
-            lock_path.unlink(missing_ok=True)
+        # the directory may never have been made (a read-only parent): the first error is the one to tell
+        if created and directory.is_dir() and {p.name for p in directory.iterdir()} <= {".lock", *setup}:
+            for name in (".lock", *setup):
+                (directory / name).unlink(missing_ok=True)
             directory.rmdir()
         raise
 
@@ -272,11 +272,25 @@ def write_atomic(path: Path, content: str | bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        with _naming(path), open(tmp, "xb") as f:
+        with naming(path), open(tmp, "xb") as f:
             f.write(content.encode() if isinstance(content, str) else content)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def save_figure(fig, path: Path | str, dpi: int) -> Path:
+    """A matplotlib figure written as PNG to `path`, then closed; a full disk names the file."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with naming(path):
+            fig.savefig(path, dpi=dpi)
+    finally:
+        plt.close(fig)
+    return path
 
 
 def merge_rows(directory: Path | str, table: str, rows: Iterable[dict[str, Any]]) -> Path:
@@ -326,4 +340,5 @@ def provenance(device: str, dtype: str, corpus: str = "") -> dict[str, str]:
         "python": platform.python_version(),
         "corpus": corpus,
         "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        **machine.current(device).columns(),
     }

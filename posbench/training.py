@@ -90,6 +90,9 @@ class RunSpec:
         revisions = self.revisions()
         if revisions:  # a scheme at its first revision leaves the run_id as it was
             out["revisions"] = revisions
+        if is_probe(self.data) and PROBES[probe_name(self.data.spec)].revision > 1:
+            # likewise a probe at its first revision; a later one trains beside the runs of the one before
+            out["probe_revision"] = PROBES[probe_name(self.data.spec)].revision
         sources = self.plugin_sources()
         if sources:  # a run of built-ins keeps its run_id; a plug-in's bytes name the run
             out["plugins"] = sorted({s.sha256 for s in sources})
@@ -537,11 +540,13 @@ def train(
     progress: bool = True,
     data: TokenData | None = None,
     stop_after: int | None = None,
+    overwrite: bool = False,
 ) -> TrainResult:
     """Train `spec` into runs_dir/<run_id>/ and record it in runs_dir/runs.csv.
 
-    With `resume`, a finished run is left as it is and an interrupted one continues from its last
-    checkpoint. `stop_after` ends the loop after that many steps as an interruption would (tests).
+    A finished run is left as it is (`skipped`) unless `overwrite`, which trains it again from
+    scratch. With `resume` an interrupted run continues from its last checkpoint; without, it
+    starts again. `stop_after` ends the loop after that many steps as an interruption would (tests).
     """
     runs_dir = Path(runs_dir)
     run_dir = runs_dir / spec.run_id
@@ -553,19 +558,20 @@ def train(
         with claim, \
                 on_interrupt(f"before {spec.run_id} took a step; finished runs, results and checkpoints "
                              "are kept as they were (run again, with --resume, to go on)"):
-            return _train(spec, runs_dir, run_dir, dev, ddp, resume, progress and ddp.main, data, stop_after)
+            return _train(spec, runs_dir, run_dir, dev, ddp, resume, progress and ddp.main, data, stop_after,
+                          overwrite)
     finally:
         ddp.close()
 
 
-def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, data, stop_after):
+def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, data, stop_after, overwrite):
     t = spec.train
     if resume and (run_dir / "config.json").exists():
         recorded = None
         with contextlib.suppress(OSError, ValueError, AttributeError):  # unreadable: the checkpoint's own checks speak
             recorded = json.loads((run_dir / "config.json").read_text()).get("corpus")
         check_probe_corpus(spec.data, recorded, spec.run_id)
-    if resume and (run_dir / FINAL).exists():
+    if not overwrite and (run_dir / FINAL).exists():
         done = [r for r in results.read_rows(results.table_path(runs_dir, "runs")) if r["run_id"] == spec.run_id]
         if done and done[0]["status"] == "ok":
             return TrainResult(spec.run_id, run_dir, done[0], skipped=True)
@@ -678,8 +684,9 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
                 if step % t.checkpoint_interval == 0:
                     checkpoint()
         except KeyboardInterrupt:
-            raise Interrupted(f"stopped at once; {spec.run_id} keeps its checkpoint of step {saved} "
-                              "(--resume continues from it)") from None
+            kept = (f"{spec.run_id} keeps its checkpoint of step {saved} (--resume continues from it)" if saved
+                    else f"{spec.run_id} had no checkpoint yet (run it again)")
+            raise Interrupted(f"stopped at once; {kept}") from None
     checkpoint()
     stopped = bool(log) and learned(log[-1], t)
     if step < t.steps and not stopped:

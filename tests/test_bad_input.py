@@ -384,6 +384,71 @@ def test_ctrl_c_while_scoring_probes(probe_run, capsys, tmp_path, monkeypatch):
     assert snapshot(probe_run) == before
 
 
+def test_ctrl_c_during_the_longrope_search(trained, capsys, tmp_path, monkeypatch):
+    """typer answered it with a silent exit 130: one line now, and nothing of the child written."""
+    from posbench import extend
+
+    def pressed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(extend.Search, "score", pressed)
+    runs, _ = _copy_runs(trained, tmp_path)
+    before = snapshot(runs)
+    line = fails(["extend", "--runs-dir", runs, "--method", "longrope", "--target-len", "32", "--steps", "2",
+                  "--device", "cpu"], capsys, "interrupted: during the LongRoPE search of rope-", code=130)
+    assert "finished runs and results are kept" in line
+    assert snapshot(runs) == before
+
+
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_during_training_is_one_line_and_130(trained, capsys, tmp_path, monkeypatch, presses):
+    """A real SIGINT in the second optimizer step: once, the step finishes and is checkpointed;
+    twice, training stops at once, here before any checkpoint, and leaves no run folder. One line,
+    exit 130."""
+    import signal
+
+    import torch
+
+    real, calls = torch.optim.AdamW.step, []
+
+    def step(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            for _ in range(presses):
+                signal.raise_signal(signal.SIGINT)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever the shell chose
+    try:
+        message = "checkpointed at step 2 of 4" if presses == 1 else "stopped at once; rope-"
+        line = fails([*trained[1], "--runs-dir", tmp_path / "runs"], capsys, message, code=130)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert line.startswith("interrupted: ")
+    left = [p.name for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+    if presses == 1:
+        assert "--resume" in line and (tmp_path / "runs" / left[0] / "checkpoint.safetensors").exists()
+    else:
+        assert "had no checkpoint yet" in line and left == []
+
+
+def test_ctrl_c_while_exiting_is_no_traceback(tmp_path):
+    """A Ctrl-C that lands after the command's last line, while Python shuts down: the command's
+    output and exit status stand, and no traceback follows."""
+    import subprocess
+    import sys
+
+    late = ("import atexit, os, signal, time\n"
+            "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(0.5)))\n"
+            "from posbench.__main__ import main\n"
+            "raise SystemExit(main())\n")
+    proc = subprocess.run([sys.executable, "-c", late, "schemes", "--format", "csv"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout.startswith("name,") and "\nrope," in proc.stdout
+
+
 # --- the file system ------------------------------------------------------------------------
 
 def test_output_path_is_a_file(trained, capsys, tmp_path):
@@ -442,6 +507,63 @@ def test_full_disk_names_the_file_and_leaves_no_run_directory(trained, capsys, t
     line = fails([*trained[1], "--runs-dir", tmp_path / "runs"], capsys, "No space left on device")
     assert str(tmp_path / "runs") in line and ".lock" in line
     assert not list((tmp_path / "runs").iterdir())
+
+
+def test_read_only_runs_folder_is_named_as_such(trained, capsys, tmp_path, monkeypatch):
+    """`extend` into a parent folder that cannot be written: the file system's own reason, not
+    the "No such file or directory" of cleaning up a folder never made."""
+    import pathlib
+
+    runs, _ = _copy_runs(trained, tmp_path)
+    before = snapshot(runs)
+    mkdir = pathlib.Path.mkdir
+
+    def read_only(self, *args, **kwargs):
+        if self.parent == runs and not self.exists():
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+        return mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "mkdir", read_only)
+    line = fails(["extend", "--runs-dir", runs, "--method", "plain", "--target-len", "32", "--steps", "2",
+                  "--device", "cpu"], capsys, "Read-only file system")
+    assert f"{runs}/rope-" in line
+    monkeypatch.undo()
+    assert snapshot(runs) == before
+
+
+def test_unwritable_tracker_folder_leaves_no_run_folder(trained, capsys, tmp_path):
+    """The tracker's folder cannot be made (a file stands where it goes): one line naming it, and
+    no run folder holding only config.json."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "tensorboard").write_text("a file\n")
+    fails([*trained[1], "--runs-dir", runs, "--tracker", "tensorboard"], capsys,
+          f"{runs / 'tensorboard'}/")
+    assert [p.name for p in runs.iterdir()] == ["tensorboard"]
+
+
+def _no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as a failed write says it: no file name
+
+
+def test_full_disk_while_caching_the_corpus_names_the_file(trained, capsys, tmp_path, monkeypatch):
+    from posbench import data
+
+    monkeypatch.setenv("POSBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(data.np, "save", _no_space)
+    line = fails([*trained[1], "--runs-dir", tmp_path / "runs"], capsys, "No space left on device")
+    assert f"{tmp_path / 'cache'}/" in line and line.split(":")[1].strip().endswith(".npy")
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+
+
+def test_full_disk_while_plotting_probes_names_the_file(probe_run, capsys, tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    runs = tmp_path / "runs"
+    shutil.copytree(probe_run, runs)
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", _no_space)
+    fails(["probe", "--probe", "passkey", "--runs-dir", runs, "--trials", "1", "--lengths", "32", "--device", "cpu"],
+          capsys, f"{runs / 'probe_passkey.png'}: No space left on device")
 
 
 # --- data sources ---------------------------------------------------------------------------

@@ -4,6 +4,7 @@ real training process, and, marked `slurm`, a tiny grid through a real Slurm (sc
 named, and shards stopped as by a time limit or a preemption are requeued and resume bit-exactly."""
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -165,6 +166,13 @@ def test_submit_resources_become_directives(tmp_path, capsys):
     (["--shards", "2", "--gpus-per-shard", "-1"], "--gpus-per-shard must be >= 0"),
     (["--shards", "2", "--sbatch-arg", "account=lab"], "bad --sbatch-arg 'account=lab'"),
     (["--shards", "2", "--time", "4 h"], "bad --time '4 h'"),
+    (["--shards", "2", "--time", "abc"], "bad --time 'abc': Slurm takes minutes, MM:SS, HH:MM:SS, D-HH"),
+    (["--shards", "2", "--time=-5"], "bad --time '-5'"),
+    (["--shards", "2", "--time", "1:2:3:4"], "bad --time '1:2:3:4'"),
+    (["--shards", "2", "--sbatch-arg=-A lab"], "bad --sbatch-arg '-A lab': one long sbatch option"),
+    (["--shards", "2", "--sbatch-arg=--comment=a;b"], "bad --sbatch-arg '--comment=a;b'"),
+    (["--shards", "2", "--sbatch-arg=--comment=$(id)"], "bad --sbatch-arg '--comment=$(id)'"),
+    (["--shards", "2", "--sbatch-arg=--qos=long\n#SBATCH --x"], "bad --sbatch-arg"),
     (["--shards", "2"], "sbatch is not on PATH"),
 ])
 def test_submit_refusals_are_one_line_and_submit_nothing(tmp_path, monkeypatch, capsys, args, message):
@@ -173,6 +181,49 @@ def test_submit_refusals_are_one_line_and_submit_nothing(tmp_path, monkeypatch, 
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("time_limit", ["90", "30:00", "4:00:00", "2-00", "2-04:30", "2-04:30:00", "UNLIMITED"])
+def test_submit_takes_every_slurm_time_format(time_limit, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["submit", "quick", "--shards", "2", "--dry-run", "--out", str(out), "--time", time_limit]) == 0
+    assert f"#SBATCH --time={time_limit}" in (out / "slurm" / "shards.sbatch").read_text().splitlines()
+
+
+def fake_sbatch(tmp_path: Path, monkeypatch, *answers: str) -> Path:
+    """An sbatch on PATH that prints answers[k] at its k-th call and logs its arguments."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "sbatch-calls"
+    bin_dir.mkdir()
+    script = bin_dir / "sbatch"
+    cases = "\n".join(f"  {k}) echo {shlex.quote(answer)} ;;" for k, answer in enumerate(answers, 1))
+    script.write_text(f"""#!/bin/bash
+echo "$*" >> {calls}
+case $(wc -l < {calls}) in
+{cases}
+esac
+""")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return calls
+
+
+def test_submit_parses_the_job_id_and_makes_the_merge_wait_for_it(tmp_path, monkeypatch, capsys):
+    calls = fake_sbatch(tmp_path, monkeypatch, "4242;cluster1", "4243")
+    assert main(["submit", "quick", "--shards", "2", "--out", str(tmp_path / "out")]) == 0
+    array, merge = calls.read_text().splitlines()
+    assert array.startswith("--parsable ") and merge.startswith("--parsable --dependency=afterok:4242 ")
+    assert "merge: job 4243" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer", ["Submitted batch job 4242", "site policy: jobs over 2 days are held", "4242 x"])
+def test_submit_without_a_job_id_is_one_line_and_submits_no_merge(answer, tmp_path, monkeypatch, capsys):
+    calls = fake_sbatch(tmp_path, monkeypatch, answer, "4243")
+    assert main(["submit", "quick", "--shards", "2", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [f"error: sbatch answered {answer!r} for the shards, not a job id (sbatch "
+                                        "--parsable prints ID or ID;CLUSTER): nothing further submitted; see "
+                                        "squeue --me for what it queued"]
+    assert len(calls.read_text().splitlines()) == 1  # the array only: no merge job
 
 
 def test_submit_an_invalid_task_is_one_line(tmp_path, capsys):
@@ -223,8 +274,8 @@ def test_sigterm_checkpoints_and_the_resumed_grid_equals_one_process(task_file, 
     wait_for(lambda: any(out.glob("*/checkpoint.safetensors")), "the first checkpoint")
     child.send_signal(signal.SIGTERM)
     _, err = child.communicate(timeout=120)
-    assert child.returncode == 2, err
-    assert "SIGTERM: finishing this step" in err and "interrupted at step" in err
+    assert child.returncode == 130, err
+    assert "SIGTERM: finishing this step" in err and "interrupted: " in err and "checkpointed at step" in err
     assert not any(out.glob(f"*/{FINAL}"))
     resumed = posbench_child(0, *run, "--resume")
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
@@ -317,7 +368,7 @@ def test_shards_stopped_by_time_limit_and_preemption_are_requeued_and_resume(slu
     logs = {shard: (out / "slurm" / "logs" / f"shard-{shard}.log").read_text() for shard in ("1", "2")}
     assert "time limit near: requeued" in logs["1"] and "SIGTERM: finishing this step" in logs["1"]
     assert "DUE TO JOB REQUEUE" in logs["2"] and "SIGTERM: finishing this step" in logs["2"]
-    assert all("interrupted at step" in log and ", restart 1" in log for log in logs.values())
+    assert all("checkpointed at step" in log and ", restart 1" in log for log in logs.values())
     assert_same(out, one_process)
 
 

@@ -128,7 +128,7 @@ def test_scheduler_signals_stop_at_a_step_end_like_ctrl_c(tiny_data, tmp_path, m
     spec = tiny_spec(tiny_data)
     with monkeypatch.context() as patch:
         patch.setattr(torch.optim.AdamW, "step", signalling)
-        with pytest.raises(PosbenchError, match="interrupted at step 4"):
+        with pytest.raises(PosbenchError, match="checkpointed at step 4"):
             train(spec, tmp_path, device="cpu", progress=False)
     assert signal.getsignal(signum) is signal.SIG_DFL
     train(spec, tmp_path, device="cpu", progress=False, resume=True)
