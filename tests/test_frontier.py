@@ -295,10 +295,10 @@ def test_modifiers_in_layouts():
     ("rope+snk", "unknown temperature or modifier 'snk'"),
     ("rnope-swa+logn", "a temperature follows a layer, not a preset"),
     ("rope+sink:init=nan", "must be a finite number"),
-    ("grape:lr_scale=0", "lr_scale must be > 0"),
-    ("grape:base=1", "base must be > 1"),
-    ("selective-rope:rank=0", "rank must be >= 1"),
-    ("selective-rope:conv=0", "conv must be >= 1"),
+    ("grape:lr_scale=0", "parameter lr_scale of scheme 'grape' must be > 0, got 0.0"),
+    ("grape:base=1", "parameter base of scheme 'grape' must be > 1, got 1.0"),
+    ("selective-rope:rank=0", "parameter rank of scheme 'selective-rope' must be in [1, 65536], got 0"),
+    ("selective-rope:conv=0", "parameter conv of scheme 'selective-rope' must be in [1, 65536], got 0"),
 ])
 def test_bad_modifiers_and_parameters_are_one_line(spec, message, tiny_data, tmp_path, capsys):
     from posbench.cli import main

@@ -160,7 +160,8 @@ def test_sandwich_is_the_centred_sinusoid_inner_product(dim, d):
 def test_sandwich_width_defaults_to_the_model_and_refuses_odd_or_unknown_widths():
     assert make("sandwich").describe() == "base=10000.0,dim=model"
     for bad in ("7", "0", "heads", "-4"):
-        with pytest.raises(PosbenchError, match="dim must be model, head or an even positive integer"):
+        with pytest.raises(PosbenchError, match="dim of scheme 'sandwich' must be model, head or an even positive "
+                                                "integer"):
             make("sandwich", dim=bad)
 
 

@@ -8,10 +8,12 @@ with `@register`) in a module of its family. Outside posbench, a plug-in (posben
 import importlib
 import pkgutil
 
-from posbench.schemes.base import Dims, PositionLimitError, Scheme
+from posbench.schemes.base import (Dims, PositionLimitError, Range, Scheme, above, at_least, below, between, even,
+                                   non_negative, one_of, positive)
 from posbench.schemes.registry import SCHEMES, get_scheme, register
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["SCHEMES", "Dims", "PositionLimitError", "Scheme", "get_scheme", "register"]
+__all__ = ["SCHEMES", "Dims", "PositionLimitError", "Range", "Scheme", "above", "at_least", "below", "between",
+           "even", "get_scheme", "non_negative", "one_of", "positive", "register"]

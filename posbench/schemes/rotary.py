@@ -43,7 +43,7 @@ class RopeScaling:
     high: float = LLAMA3_DEFAULTS[1]  # Llama 3: wavelengths below L_train / high are kept
     factors: tuple[float, ...] = ()  # LongRoPE: lambda_t per rotated pair, theta_t / lambda_t
     group: int = 8  # Self-Extend: G, positions floor(p / G) beyond the window
-    window: int = 0  # Self-Extend W or ReRoPE w: exact RoPE below it; 0: train_len / 4
+    window: int = 0  # Self-Extend W or ReRoPE w: exact RoPE below it; 0: about train_len / 4 (neighbour_window)
     leak: float = 0.0  # ReRoPE: 0 clips at w; k >= 1: leaky, w + (i - j - w) / k
 
     def __post_init__(self):
@@ -78,8 +78,15 @@ class RopeScaling:
         return label
 
     def neighbour_window(self, train_len: int) -> int:
-        """W (Self-Extend) or w (ReRoPE): relative positions below it keep plain RoPE."""
-        return self.window or max(1, train_len // 4)
+        """W (Self-Extend) or w (ReRoPE): relative positions below it keep plain RoPE. Unless given,
+        train_len // 4, for Self-Extend rounded to the nearest multiple of G (at least G), since
+        W / G positions must be whole: L = 100, G = 8 gives 24, L = 512 gives 128."""
+        if self.window:
+            return self.window
+        quarter = train_len // 4
+        if self.kind == "self-extend":
+            return self.group * max(1, (quarter + self.group // 2) // self.group)
+        return max(1, quarter)
 
 
 def yarn_ramp(dim: int, base: float, train_len: int, alpha: float, beta: float) -> torch.Tensor:

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from posbench.errors import PosbenchError
-from posbench.schemes import Scheme, register
+from posbench.schemes import Scheme, at_least, register
 
 
 @register
@@ -43,12 +43,13 @@ class LieRE(Scheme):
     reference = "Ostmeier et al., ICML 2025, arXiv:2406.10322 (StanfordMIMI/LieRE)"
     notes = "plug-in: learned skew-symmetric generators per block of `block` dims; block=2 is RoPE with learned frequencies"
     defaults = {"block": 8, "per_head": True, "per_layer": False}
+    ranges = {"block": at_least(2)}
 
     def __init__(self, dims):
         super().__init__(dims)
         g = self.p["block"]
-        if g < 2 or self.head_dim % g:
-            raise PosbenchError(f"liere: block={g} must be at least 2 and divide the head dim {self.head_dim}")
+        if self.head_dim % g:
+            raise PosbenchError(f"liere: block={g} must divide the head dim {self.head_dim}")
         layers = dims.n_layers if self.p["per_layer"] else 1
         heads = dims.n_heads if self.p["per_head"] else 1
         # (layers, heads, blocks, g, g): only the strict upper triangle is read
