@@ -41,6 +41,13 @@ from posbench.grid import grid
 # Seconds between SIGUSR1 and the time limit: time to finish a training step and write a
 # checkpoint of a GPU-sized model, well inside the 2 min that clusters commonly allow for this.
 SIGNAL_LEAD = 120
+# sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or no limit
+SLURM_TIME = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|UNLIMITED|INFINITE", re.I)
+# An --sbatch-arg: a long option written as an #SBATCH line, which sbatch reads without a shell,
+# so a quote, space or shell metacharacter would reach Slurm verbatim (or end the line).
+SBATCH_OPTION = re.compile(r"--[A-Za-z][A-Za-z0-9-]*(=[^\s;&|<>()`$\\'\"]+)?")
+# What sbatch --parsable prints at submission: the job id, or "ID;CLUSTER" on a federation.
+PARSABLE = re.compile(r"(\d+)(;[\w.-]+)?")
 
 
 @dataclass(frozen=True)
@@ -58,12 +65,15 @@ class Resources:
             raise PosbenchError(f"--gpus-per-shard must be >= 0, got {self.gpus}")
         if self.cpus is not None and self.cpus < 1:
             raise PosbenchError(f"--cpus-per-shard must be >= 1, got {self.cpus}")
-        for name, value in (("--time", self.time), ("--partition", self.partition)):
-            if value is not None and (not value.strip() or any(c.isspace() for c in value)):
-                raise PosbenchError(f"bad {name} {value!r}: one word, e.g. 2:00:00 or gpu")
+        if self.time is not None and not SLURM_TIME.fullmatch(self.time):
+            raise PosbenchError(f"bad --time {self.time!r}: Slurm takes minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or "
+                                "D-HH:MM:SS (e.g. 90, 4:00:00, 2-00), or UNLIMITED")
+        if self.partition is not None and (not self.partition.strip() or any(c.isspace() for c in self.partition)):
+            raise PosbenchError(f"bad --partition {self.partition!r}: one word, e.g. gpu")
         for arg in self.sbatch_args:
-            if not arg.startswith("-") or "\n" in arg:
-                raise PosbenchError(f"bad --sbatch-arg {arg!r}: one sbatch option, e.g. --account=lab")
+            if not SBATCH_OPTION.fullmatch(arg):
+                raise PosbenchError(f"bad --sbatch-arg {arg!r}: one long sbatch option, --NAME or --NAME=VALUE "
+                                    "(e.g. --account=lab), without spaces, quotes or any of ; & | < > ( ) ` $ \\")
 
     def directives(self, shard: bool) -> list[str]:
         """#SBATCH lines of a shard, or of the merge job (which needs neither GPUs nor cores)."""
@@ -294,7 +304,13 @@ class Submission:
             process.wait()
             lines = process.stderr.read().strip().splitlines() or ["no job id printed"]
             raise PosbenchError(f"sbatch refused {what}: {lines[-1]}")
-        return line.split(";")[0]
+        parsed = PARSABLE.fullmatch(line)
+        if parsed is None:
+            if process.poll() is None:
+                process.terminate()  # a --wait for a job whose id is unknown: stop waiting
+            raise PosbenchError(f"sbatch answered {line!r} for {what}, not a job id (sbatch --parsable prints ID or "
+                                "ID;CLUSTER): nothing further submitted; see squeue --me for what it queued")
+        return parsed[1]
 
     def wait(self) -> list[str]:
         """Wait for the array (sbatch --wait exits with its worst task's status), then for the
