@@ -56,10 +56,13 @@ def train(scheme: str, *, task: str | None = None, data: str | None = None, trai
           device: str = "auto", dtype: str | None = None, compile: str | None = None,
           tokenizer: str | None = None, vocab_size: int | None = None, runs_dir: str | Path = "runs",
           resume: bool = False, tracker: str | None = None, plugins: Sequence[str] = (),
-          progress: bool = False) -> pd.DataFrame:
-    """Train one model; its runs.csv row (one row; `run_dir` and `skipped` added)."""
+          progress: bool = False, overwrite: bool = False) -> pd.DataFrame:
+    """Train one model; its runs.csv row (one row; `run_dir` and `skipped` added). A finished run
+    is kept (`skipped`) unless `overwrite`, which trains it again from scratch."""
     from posbench import training
 
+    if resume and overwrite:
+        raise PosbenchError("--resume continues a run and --overwrite trains it again from scratch: give one")
     _load(plugins)
     scheme = layout.check(scheme)
     t = config.load_task(task)
@@ -77,7 +80,7 @@ def train(scheme: str, *, task: str | None = None, data: str | None = None, trai
     spec = training.RunSpec(scheme=scheme, params={**t.params.get(scheme, {}), **_params(param)},
                             seed=t.seeds[0] if seed is None else seed, data=t.data, model=t.model, train=t.train,
                             task=t.name)
-    result = training.train(spec, Path(runs_dir), device=device, resume=resume, progress=progress)
+    result = training.train(spec, Path(runs_dir), device=device, resume=resume, progress=progress, overwrite=overwrite)
     return _frame([{**result.row, "run_dir": str(result.run_dir), "skipped": result.skipped}])
 
 
@@ -189,6 +192,57 @@ def run(task: str, *, shard: str | None = None, resume: bool = False, out: str |
         raise PosbenchError(f"training failed for {', '.join(done['failed'])} (recorded as failed in "
                             f"{results.table_path(out_dir, 'runs')})")
     return tables
+
+
+def inspect(schemes: str | Iterable[str] | None = None, *, run: str | None = None,
+            runs_dir: str | Path | None = None, task: str | None = None, train_len: int | None = None,
+            lengths: str | Sequence[int] | None = None, rope_scaling: str | Iterable[str] | None = None,
+            device: str = "auto", out: str | Path = "inspect", plugins: Sequence[str] = (),
+            progress: bool = False) -> pd.DataFrame:
+    """Pictures of each encoding to the longest of `lengths` (default 16x the training length),
+    or, with `run` (a run_id in `runs_dir`, default runs) or `runs_dir` alone (its runs of
+    `schemes`, or all), of the trained runs' learned parameters and their attention by length
+    (attention.csv, posbench.attention_measures), written to `out` with inspect.md: one row per
+    picture (scheme, kind, caption, path); `attrs["pictures"]` holds the arrays drawn."""
+    from posbench import evaluate, inspection
+
+    _load(plugins)
+    t = config.load_task(task)
+    names = split_names(schemes)
+    out_dir = Path(out)
+    if run is None and runs_dir is None:
+        if not names:
+            raise PosbenchError("name the schemes to draw (e.g. rope,alibi), or a trained run with --run / --runs-dir")
+        checked = [layout.check(n) for n in names]
+        scalings = [evaluate.scaling_of(k, t.eval) for k in split_names(rope_scaling) or ()]
+        if train_len is not None and not 1 <= train_len <= inspection.MAX_POSITIONS:
+            raise PosbenchError(f"--train-len must be between 1 and {inspection.MAX_POSITIONS}, got {train_len}")
+        dims = inspection.dims_for(t, train_len)
+        n = max(_ints(lengths, "lengths") or (16 * dims.train_len,))
+        if not 2 <= n <= inspection.MAX_POSITIONS:
+            raise PosbenchError(f"draw to between 2 and {inspection.MAX_POSITIONS} positions, not {n} "
+                                "(the pictures hold n x n matrices)")
+        drawn = inspection.inspect_schemes(checked, dims, n, out_dir, scalings)
+        notes = [f"Drawn by `posbench inspect` with the {t.name} task's model (d_model {dims.d_model}, "
+                 f"{dims.n_heads} heads of {dims.head_dim}); training length L = {dims.train_len} (dashed), "
+                 f"to {n} positions."]
+        path = inspection.markdown(drawn, out_dir, "What each encoding looks like", notes)
+    else:
+        home = Path(runs_dir or "runs")
+        if run is not None:
+            runs = [home / run]
+            if not (runs[0] / "config.json").exists():
+                raise PosbenchError(f"no run {run!r} in {home}")
+        else:
+            runs = evaluate.find_runs(home, _schemes(names))
+            if not runs:
+                raise PosbenchError(f"no finished runs{' of ' + ', '.join(names) if names else ''} in {home}")
+        path, drawn = inspection.inspect_runs(runs, t, _ints(lengths, "lengths"), out_dir, device, progress)
+    rows = [{"scheme": p.scheme, "kind": p.kind, "caption": p.caption, "path": str(p.path or "")} for p in drawn]
+    frame = _frame(rows)
+    frame.attrs["pictures"] = drawn
+    frame.attrs["page"] = str(path)
+    return frame
 
 
 def check(scheme: str, *, param: dict[str, Any] | Sequence[str] | None = None,
