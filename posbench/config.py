@@ -66,7 +66,7 @@ class EvalConfig:
     llama3_low: float = 1.0  # wavelengths above train_len / llama3_low are interpolated fully
     llama3_high: float = 4.0  # wavelengths below train_len / llama3_high are kept
     self_extend_group: int = 8  # Self-Extend G (posbench/docs/extension.md)
-    self_extend_window: int = 0  # Self-Extend W, the neighbour window; 0: train_len / 4
+    self_extend_window: int = 0  # Self-Extend W, the neighbour window; 0: train_len / 4 to the nearest multiple of G
     rerope_window: int = 0  # ReRoPE w (posbench/docs/extension.md); 0: train_len / 4
     rerope_leak: float = 0.0  # ReRoPE k: 0 clips relative positions at w; k >= 1: leaky ReRoPE
     learned_extension: tuple[str, ...] = ("none",)
@@ -215,7 +215,7 @@ def _parse(path: Path) -> Task:
                             "(see posbench/docs/probes.md)")
     try:
         raw["plugins"] = _load_plugins(raw.get("plugins", []), path)
-        return build(Task, raw, where=str(path))
+        return build(Task, raw)  # keys named from the top (train.steps): the line names the file once
     except PosbenchError as e:
         raise PosbenchError(f"{path}: {e}") from None
 

@@ -143,6 +143,19 @@ def test_self_extend_keeps_merged_positions_below_the_training_length():
     assert int(rel.tril().max()) < 16
 
 
+@pytest.mark.parametrize("train_len, window", [(16, 8), (20, 8), (36, 8), (60, 16), (100, 24), (130, 32),
+                                               (512, 128)])
+def test_self_extend_defaults_work_at_every_training_length(train_len, window):
+    """G = 8, W = 0 (the defaults): W is train_len / 4 to the nearest multiple of G, at least G, and
+    the model runs finite at 4x; ReRoPE's default w stays train_len // 4."""
+    assert RopeScaling("self-extend").neighbour_window(train_len) == window
+    assert RopeScaling("rerope").neighbour_window(train_len) == train_len // 4
+    model = tiny_model("rope", train_len=train_len)
+    model.layout.set_scaling(RopeScaling("self-extend"))
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.randint(0, 50, (1, 4 * train_len)))).all()
+
+
 def test_rerope_clips_and_leaky_rerope_compresses():
     """w = 3: relative positions min(i - j, 3); leaky k = 2: 3 + (i - j - 3) / 2 beyond w; k = 1 is RoPE."""
     def rel(f):
