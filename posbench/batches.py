@@ -37,12 +37,19 @@ class Batch:
     # row slices of data-parallel ranks. None: every target is scored alike.
     mask: torch.Tensor | None
     positions: torch.Tensor | None  # (T,) positions; None: 0..T-1
+    # Inputs that are padding (the ends of examples shorter than T): computed on, scored nowhere.
+    padding: int = 0
 
     def to(self, device) -> Batch:
         def move(x):
             return None if x is None else x.to(device)
 
-        return Batch(move(self.tokens), move(self.targets), move(self.mask), move(self.positions))
+        return Batch(move(self.tokens), move(self.targets), move(self.mask), move(self.positions), self.padding)
+
+    @property
+    def scored(self) -> int:
+        """The targets that carry loss: every one of an LM window, the answer tokens of a probe."""
+        return self.targets.numel() if self.mask is None else int((self.mask > 0).sum())
 
 
 def masked_mean(losses: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -152,7 +159,7 @@ class ProbeExamples:
         examples = [self.probe.training_example(random.Random(s), t.train_len) for s in seeds]
         x, y, mask = example_rows(examples, t.train_len)
         pos = pose_positions(t.train_len, self.target, gen)[0] if self.target else training_positions(t, gen)
-        return Batch(x, y, mask * (len(examples) / mask.sum()), pos)
+        return Batch(x, y, mask * (len(examples) / mask.sum()), pos, int((x == TOKENIZER.pad_id).sum()))
 
     @torch.no_grad()
     def validate(self, model, device, autocast, batch: int = 64) -> dict[str, float]:

@@ -178,10 +178,14 @@ def train(
         scored = f"unigram model: {row['unigram_val_loss']:.4f}"
     steps_run = row["stopped_at"] or row["steps"]
     stopped = f" (stopped early at step {steps_run} of {row['steps']})" if row["stopped_at"] else ""
+    computed = ""
+    if isinstance(row.get("padding_tokens"), int) and row["padding_tokens"]:  # a probe: answers scored, padding computed
+        computed = (f" computed on ({row['padding_tokens'] / row['tokens']:.0%} of them padding, "
+                    f"{row['scored_tokens'] / row['tokens']:.0%} answers)")
     console.print(
         f"{run_id}: {steps_run} steps{stopped}, train loss {row['final_train_loss']:.4f}, "
         f"validation loss {row['final_val_loss']:.4f} ({scored}), "
-        f"{row['tokens_per_second']:,.0f} tokens/s, {row['train_seconds']:.1f} s -> {row['run_dir']}"
+        f"{row['tokens_per_second']:,.0f} tokens/s{computed}, {row['train_seconds']:.1f} s -> {row['run_dir']}"
     )
 
 

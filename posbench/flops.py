@@ -10,8 +10,13 @@ output head; for the quick model 12 L d^2 + d V). Embedding tables are lookups a
 are additions, so they are left out. 6 = 2 (multiply-add) x 3 (forward, and a backward twice as
 costly). Attention's scores and weighted sum add 2 x 2 T d per token and layer in the forward for
 all T keys; causal masking halves that to 2 T d, times 3 for the backward: 6 L T d, the causal form
-of PaLM's 12 L T d. Layers whose span is a window or a chunk attend to fewer keys: for them the
-term is an upper bound.
+of PaLM's 12 L T d. A layer whose span is a sliding window or a chunk (posbench.layout) computes
+only the (query, key) pairs of its span, so its 6 T d is scaled by the share of the causal mask's
+T (T + 1) / 2 pairs that the span keeps: a window of w keys at T >> w costs about w / (T / 2) of a
+full layer.
+
+The tokens these FLOPs are per are every position the model computed on: padding included (the
+ends of a probe's shorter examples), not only the targets that carry loss.
 """
 
 from __future__ import annotations
@@ -39,8 +44,18 @@ def matmul_params(model: nn.Module) -> int:
 
 
 def training_flops_per_token(model: nn.Module, n_layers: int, d_model: int, train_len: int) -> float:
-    """6 N + 6 L T d (module docstring)."""
-    return 6.0 * matmul_params(model) + 6.0 * n_layers * train_len * d_model
+    """6 N + 6 T d per layer, scaled by the share of causal pairs the layer's span keeps (module
+    docstring); a model without a layout attends in full."""
+    spans = getattr(getattr(model, "layout", None), "spans", None) or [None] * n_layers
+    return 6.0 * matmul_params(model) + 6.0 * train_len * d_model * sum(kept_pairs(s, train_len) for s in spans)
+
+
+def kept_pairs(span, train_len: int) -> float:
+    """The share of the causal (query, key) pairs at train_len that a span (posbench.attention.Span)
+    keeps: 1 for full attention and for a window or chunk as long as the sequence."""
+    if span is None:
+        return 1.0
+    return float(span.visible(train_len, "cpu").sum()) / (train_len * (train_len + 1) / 2)
 
 
 def peak_flops(device: torch.device, dtype: str) -> float | None:

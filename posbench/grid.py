@@ -161,7 +161,7 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
         run_probes(task, out, specs, device, done, log)
     if speed and shard[0] == 1:
         done["speed"] = run_speed_once(task, out, device, log)
-    write_provenance(task, out, shard)
+    write_provenance(task, out, shard, resolve_device(device).type)
     return done
 
 
@@ -230,7 +230,9 @@ def run_speed_once(task: Task, out: Path, device: str, log) -> int:
     return len(rows)
 
 
-def write_provenance(task: Task, out: Path, shard: tuple[int, int]) -> None:
+def write_provenance(task: Task, out: Path, shard: tuple[int, int], device: str = "cpu") -> None:
+    """provenance.json: the task, the command, and the machine kind this invocation ran on (each
+    row of the tables records its own)."""
     import sys
 
     prov = {
@@ -239,7 +241,7 @@ def write_provenance(task: Task, out: Path, shard: tuple[int, int]) -> None:
         "shard": f"{shard[0]}/{shard[1]}",
         "task_config": json.loads(json.dumps(dataclasses.asdict(task), default=str)),
         "plugins": [source.record() for source in plugins.loaded()],
-        **results.provenance("", ""),
+        **results.provenance(device, ""),
     }
     prov.pop("device"), prov.pop("dtype"), prov.pop("corpus")
     results.write_atomic(out / "provenance.json", json.dumps(prov, indent=1) + "\n")

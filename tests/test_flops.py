@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from posbench import flops
@@ -30,3 +31,63 @@ def test_peak_known_for_listed_gpus_only(monkeypatch):
     assert flops.peak_flops(torch.device("cuda"), "float32") == 19.5e12
     monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")
     assert flops.peak_flops(torch.device("cuda"), "float32") == 156e12  # TF32 tensor cores
+
+
+def test_windowed_layers_count_the_pairs_of_their_span():
+    """A layer's attention term is 6 T d times the share of the T (T + 1) / 2 causal pairs its
+    span keeps: a window of 8 at T = 64 keeps 8 * 9 / 2 + 56 * 8 = 484 pairs of 2080, chunks of 16
+    keep 4 * (16 * 17 / 2) = 544; a full layer keeps them all."""
+    d, t, vocab = 32, 64, 50
+    model_cfg = ModelConfig(d_model=d, n_layers=4, n_heads=4)
+
+    def per_token(scheme):
+        model = build_model(RunSpec(scheme=scheme, model=model_cfg), vocab)
+        return flops.training_flops_per_token(model, 4, d, t) - 6 * flops.matmul_params(model)
+
+    assert per_token("rope") == 6 * 4 * t * d
+    assert per_token("rope@w8") == pytest.approx(6 * 4 * t * d * 484 / 2080)
+    assert per_token("rope@c16") == pytest.approx(6 * 4 * t * d * 544 / 2080)
+    # local/global: three window layers and one full layer
+    assert per_token("rope@w8*3/none") == pytest.approx(6 * t * d * (3 * 484 / 2080 + 1))
+    assert per_token("rope@w64") == per_token("rope")  # a window as long as the sequence is full attention
+
+
+def test_probe_rows_count_answers_and_padding_apart(tmp_path):
+    """tokens (and tokens/s, MFU) count every position computed on; scored_tokens the answer
+    tokens and padding_tokens the padded inputs, summed over the very batches the run drew."""
+    from posbench import batches, results
+    from posbench.config import TrainConfig
+    from posbench.data import DataConfig
+    from posbench.training import train
+
+    t = TrainConfig(train_len=32, steps=3, batch_size=4, warmup=1, eval_interval=3)
+    spec = RunSpec(scheme="rope", data=DataConfig(spec="passkey"), model=ModelConfig(d_model=16, n_layers=1, n_heads=2), train=t)
+    row = results.read_rows(train(spec, tmp_path, device="cpu", progress=False).run_dir.parent / "runs.csv")[0]
+    source = batches.source_for(spec, None)
+    gen = torch.Generator().manual_seed(spec.seed)
+    drawn = [source.sample(gen) for _ in range(t.steps)]
+    assert int(row["tokens"]) == 3 * 4 * 32
+    assert int(row["scored_tokens"]) == sum(int((b.mask > 0).sum()) for b in drawn) < int(row["tokens"])
+    assert int(row["padding_tokens"]) == sum(int((b.tokens == 0).sum()) for b in drawn) > 0
+    assert float(row["tokens_per_second"]) == pytest.approx(int(row["tokens"]) / float(row["train_seconds"]), rel=1e-4)
+
+
+def test_lm_rows_score_every_token(tiny_data, tmp_path):
+    from posbench import results
+    from posbench.config import TrainConfig
+    from posbench.training import train
+
+    spec = RunSpec(scheme="rope", data=tiny_data, model=ModelConfig(d_model=16, n_layers=1, n_heads=2),
+                   train=TrainConfig(train_len=16, steps=2, batch_size=2, warmup=1, eval_interval=2, eval_windows=2))
+    row = train(spec, tmp_path, device="cpu", progress=False).row
+    assert row["scored_tokens"] == row["tokens"] == 2 * 2 * 16 and row["padding_tokens"] == 0
+
+
+def test_train_says_what_a_probe_run_computed_on(tmp_path, capsys):
+    from posbench.cli import main
+
+    assert main(["train", "--scheme", "rope", "--data", "passkey", "--train-len", "32", "--steps", "2",
+                 "--batch-size", "2", "--d-model", "16", "--layers", "1", "--heads", "2", "--device", "cpu",
+                 "--runs-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "tokens/s computed on (" in out and "% of them padding" in out and "% answers)" in out

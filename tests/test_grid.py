@@ -236,6 +236,15 @@ def test_run_cli_end_to_end(task_file, full_run, tmp_path, capsys):
     assert "trained 1, skipped 2" in capsys.readouterr().out
     seeds = {r["seed"] for r in results.read_rows(out / "runs.csv") if r["scheme"] == "rope"}
     assert seeds == {"0", "1", "7"}
+    # A run of another machine kind in the folder: --resume says so in one line, naming the kinds.
+    assert "machine kinds" not in capsys.readouterr().err
+    rows = results.read_rows(out / "runs.csv")
+    here = rows[0]["machine"]
+    results.merge_rows(out, "runs", [{**rows[0], "machine": "avx2x4-0123abcd"}])
+    assert main(["run", str(task_file), "--out", str(out), "--device", "cpu", "--no-speed", "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "mixes runs of 2 machine kinds" in err
+    assert "avx2x4-0123abcd (1 run)" in err and f"{here} ({len(rows) - 1} runs)" in err
 
 
 @pytest.mark.parametrize("args, message", [
@@ -270,6 +279,20 @@ def test_task_files_are_strict(tmp_path, text, message):
     bad.write_text(text)
     with pytest.raises(PosbenchError, match=message):
         config.load_task(str(bad))
+
+
+@pytest.mark.parametrize("text, message", [
+    ('version = 1\n[train]\nsteps = "many"\n', "train.steps must be int, got 'many'"),
+    ('version = 1\n[train]\ntrian_len = 5\n', "unknown key in [train] 'trian_len'"),
+    ('version = 1\n[probes]\nnames = ["copy"]\n[probes.train.copy]\ntrain_len = "long"\n',
+     "probes.train.copy.train_len must be int"),
+])
+def test_task_file_errors_name_the_file_once(tmp_path, text, message):
+    bad = tmp_path / "wrongtype.toml"
+    bad.write_text(text)
+    with pytest.raises(PosbenchError) as e:
+        config.load_task(str(bad))
+    assert str(e.value).startswith(f"{bad}: {message}") and str(e.value).count("wrongtype.toml") == 1
 
 
 def test_shipped_tasks_validate(capsys):
