@@ -177,9 +177,39 @@ def self_extend_positions(pos: torch.Tensor, group: int, window: int) -> tuple[t
     return pos // group + window - window // group, pos // group
 
 
-def two_map_choice(pos: torch.Tensor, window: int) -> torch.Tensor:
-    """(T, T) True where query i reads key j through the neighbour map (plain RoPE): i - j < W."""
-    return (pos[:, None] - pos[None, :]) < window
+def two_map_choice(qpos: torch.Tensor, window: int, kpos: torch.Tensor | None = None) -> torch.Tensor:
+    """(Tq, Tk) True where query i reads key j through the neighbour map (plain RoPE): i - j < W
+    (kpos: the keys' positions, the queries' when None)."""
+    kpos = qpos if kpos is None else kpos
+    return (qpos[:, None] - kpos[None, :]) < window
+
+
+def turn_at(x: torch.Tensor, pos: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
+    """x (..., T, D) with its first 2 len(inv) dims rotated at (possibly non-integer) positions
+    pos (T,) by inverse frequencies inv, the angles in float64 as the tables'."""
+    angle = pos.double()[:, None] * inv.to(pos.device)  # (T, r/2)
+    cos, sin = angle.cos().float().to(x.dtype), angle.sin().float().to(x.dtype)
+    r = 2 * inv.shape[0]
+    if r == x.shape[-1]:
+        return rotate_half(x, cos, sin)
+    return torch.cat([rotate_half(x[..., :r], cos, sin), x[..., r:]], dim=-1)
+
+
+def two_map_scores(q: torch.Tensor, k: torch.Tensor, qpos: torch.Tensor, kpos: torch.Tensor, inv: torch.Tensor,
+                   scaling: RopeScaling, window: int) -> torch.Tensor:
+    """Self-Extend or ReRoPE q.k (unscaled): q (B, H, Tq, D) at qpos, k (B, H, Tk, D) at kpos, both
+    unrotated -> (B, H, Tq, Tk), plain RoPE where i - j < W, the policy's map beyond."""
+    near = turn_at(q, qpos, inv) @ turn_at(k, kpos, inv).transpose(-1, -2)
+    if scaling.kind == "self-extend":
+        grouped_q = self_extend_positions(qpos, scaling.group, window)[0]
+        grouped_k = self_extend_positions(kpos, scaling.group, window)[1]
+        far = turn_at(q, grouped_q, inv) @ turn_at(k, grouped_k, inv).transpose(-1, -2)
+    elif scaling.leak:  # leaky: frequencies / k, q at i + w(k - 1): relative w + (i - j - w) / k
+        slow = inv / scaling.leak
+        far = turn_at(q, qpos + window * (scaling.leak - 1), slow) @ turn_at(k, kpos, slow).transpose(-1, -2)
+    else:  # every relative position beyond w read as w: q rotated by w, k not at all
+        far = turn_at(q, torch.full_like(qpos, window), inv) @ k.transpose(-1, -2)
+    return torch.where(two_map_choice(qpos, window, kpos), near, far)
 
 
 def share(fraction: float, n: int, name: str) -> int:
@@ -286,27 +316,13 @@ class RoPE(Scheme):
             return rotate_half(x, cos, sin)
         return torch.cat([rotate_half(x[..., :r], cos, sin), x[..., r:]], dim=-1)
 
-    def turn_at(self, x: torch.Tensor, pos: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
-        """x rotated at (possibly non-integer) positions pos (T,) with inverse frequencies inv."""
-        angle = pos.double()[:, None] * inv.to(pos.device)  # (T, r/2), float64 as the tables
-        return self.turn(x, angle.cos().float(), angle.sin().float())
-
     def logits(self, q, k, pos, ctx, layer):
         """Self-Extend or ReRoPE (posbench/docs/extension.md): q, k (B, H, T, D) unrotated -> scores
         (B, H, T, T), the neighbour map (plain RoPE) where i - j < W, the other map beyond."""
         s = self.scaling
         inv, _ = self.frequencies(position_count(pos, self.position_bound if s.fixed else None))
         window = s.neighbour_window(self.dims.train_len)
-        near = self.turn_at(q, pos, inv) @ self.turn_at(k, pos, inv).transpose(-1, -2)
-        if s.kind == "self-extend":
-            qpos, kpos = self_extend_positions(pos, s.group, window)
-            far = self.turn_at(q, qpos, inv) @ self.turn_at(k, kpos, inv).transpose(-1, -2)
-        elif s.leak:  # leaky: frequencies / k, q at i + w(k - 1): relative w + (i - j - w) / k
-            slow = inv / s.leak
-            far = self.turn_at(q, pos + window * (s.leak - 1), slow) @ self.turn_at(k, pos, slow).transpose(-1, -2)
-        else:  # every relative position beyond w read as w: q rotated by w, k not at all
-            far = self.turn_at(q, torch.full_like(pos, window), inv) @ k.transpose(-1, -2)
-        return torch.where(two_map_choice(pos, window), near, far) * self.qk_scale
+        return two_map_scores(q, k, pos, pos, inv, s, window) * self.qk_scale
 
 
 @register
