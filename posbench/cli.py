@@ -111,20 +111,6 @@ def check_cmd(
     return 1 if failed else 0
 
 
-def _task_with_overrides(task_name, data, train_len, steps, batch_size, d_model, layers, heads,
-                         lr, randomize, dtype, tokenizer, vocab_size, compile_) -> config.Task:
-    task = config.load_task(task_name)
-    return dataclasses.replace(
-        task,
-        data=config.replace(task.data, spec=data, tokenizer=tokenizer, vocab_size=vocab_size),
-        model=config.replace(task.model, d_model=d_model, n_layers=layers, n_heads=heads),
-        # a probe's examples train with the task's settings for that probe, as `posbench run` does
-        train=config.replace(task.train_for(data or task.data.spec), train_len=train_len, steps=steps,
-                             batch_size=batch_size, lr=lr, randomize_positions=randomize, dtype=dtype,
-                             compile=compile_),
-    )
-
-
 @app.command()
 def train(
     scheme: str = typer.Option(..., help="scheme, preset or layout spec (see `posbench schemes`)"),

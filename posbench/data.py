@@ -326,12 +326,6 @@ class BPETokenizer:
         tok.train_from_iterator(docs, trainer=trainer)
         return cls(tok)
 
-    @classmethod
-    def load(cls, path: Path) -> BPETokenizer:
-        from tokenizers import Tokenizer
-
-        return cls(Tokenizer.from_file(str(path)))
-
     def encode_documents(self, docs: list[str]) -> np.ndarray:
         parts = []
         for enc in self.tok.encode_batch(docs):
@@ -388,6 +382,7 @@ def build_cache(corpus: Corpus, cfg: DataConfig, where: Path) -> None:
             tok = ByteTokenizer()
         else:
             tok = BPETokenizer.train(corpus.splits["train"], cfg.vocab_size)
+            # beside the ids it made, to read them (tokenizers.Tokenizer.from_file); posbench needs only the ids
             tok.tok.save(str(tmp / "tokenizer.json"))
         for split in SPLITS:
             ids = tok.encode_documents(corpus.splits[split])
@@ -406,15 +401,6 @@ def build_cache(corpus: Corpus, cfg: DataConfig, where: Path) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def load_tokenizer(cfg: DataConfig, fingerprint: str):
-    """The tokenizer of a cached corpus (for decoding and for tasks that build their own text)."""
-    if cfg.tokenizer == "bytes":
-        return ByteTokenizer()
-    label = tokenizer_label(cfg)
-    key = hashlib.sha256(f"{fingerprint}|{label}|{CACHE_FORMAT}".encode()).hexdigest()[:20]
-    return BPETokenizer.load(cache_dir() / key / "tokenizer.json")
 
 
 def unigram_loss(train: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> float:

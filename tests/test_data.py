@@ -52,6 +52,16 @@ def test_bpe_trained_on_train_split_and_cached(tmp_path, monkeypatch):
     monkeypatch.setattr(data.BPETokenizer, "train", lambda *a: pytest.fail("retrained"))
     second = load_tokens(cfg)
     assert torch.equal(first.train, second.train) and first.fingerprint == second.fingerprint
+    # The cache keeps the tokenizer beside its ids, and it reads them back to the training split.
+    from tokenizers import Tokenizer
+
+    (where,) = [m.parent for m in data.cache_dir().glob("*/meta.json")
+                if json.loads(m.read_text())["fingerprint"] == first.fingerprint
+                and json.loads(m.read_text())["tokenizer"] == "bpe300"]
+    tok = Tokenizer.from_file(str(where / "tokenizer.json"))
+    ends = [i for i, t in enumerate(first.train.tolist()) if t == tok.token_to_id(data.EOS)]
+    docs = [tok.decode(first.train[a + 1:b].tolist()) for a, b in zip([-1, *ends], ends)]
+    assert docs == data.load_corpus(cfg.spec).splits["train"]
 
 
 def test_cache_keyed_by_content(tmp_path):

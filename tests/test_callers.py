@@ -1,0 +1,24 @@
+"""Every module-level function and class of posbench is used: named somewhere in posbench or
+scripts/ besides its definition (a command, a hook or a class registered by decorator is used by
+its decorator). A helper left without a caller fails here."""
+
+import ast
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_every_function_and_class_has_a_caller():
+    sources = {p: p.read_text(encoding="utf-8") for p in sorted((REPO / "posbench").rglob("*.py"))}
+    text = "\n".join([*sources.values(), *(p.read_text(encoding="utf-8") for p in (REPO / "scripts").rglob("*.py"))])
+    unused = []
+    for path, source in sources.items():
+        for node in ast.parse(source).body:
+            if not isinstance(node, (ast.FunctionDef, ast.ClassDef)) or node.decorator_list:
+                continue
+            if node.name.startswith("__"):  # module __getattr__, __dir__: Python calls them
+                continue
+            if len(re.findall(rf"\b{re.escape(node.name)}\b", text)) < 2:
+                unused.append(f"{path.relative_to(REPO)}: {node.name}")
+    assert not unused, unused
