@@ -49,6 +49,15 @@ def lengths_for(cfg: ProbesConfig, train_len: int) -> tuple[int, ...]:
     return tuple(sorted({train_len, *(cfg.lengths or (r * train_len for r in RATIOS))}))
 
 
+def check_lengths(probe: Probe, lengths: tuple[int, ...] | None) -> None:
+    """One line naming the shortest prompt of `probe` when a length asked for is shorter."""
+    shortest = probe.min_length()
+    short = [n for n in lengths or () if n < shortest]
+    if short:
+        raise PosbenchError(f"--lengths {','.join(map(str, short))} is too short for {probe.name}, whose shortest "
+                            f"prompt takes {shortest} tokens: give lengths of at least {shortest}")
+
+
 def probe_of(spec: RunSpec) -> Probe | None:
     """The probe whose examples the run was trained on, or None (a text corpus)."""
     return parse_probe(spec.data.spec) if probe_name(spec.data.spec) in PROBES else None
@@ -181,6 +190,8 @@ def evaluate(runs_dir: Path | str, cfg: ProbesConfig, eval_cfg: EvalConfig, prob
     if not runs:
         raise PosbenchError(f"no trained runs of probes {', '.join(probes)} in {runs_dir}; train on the "
                             f"probe's data first (`posbench train --data {probes[0]}` or a task's [probes])")
+    for run_dir in runs:  # before any run is scored, so that nothing is written
+        check_lengths(probe_of(load_spec(run_dir)[0]), cfg.lengths)
     out = Path(out or runs_dir)
     all_rows = []
     from rich.progress import Progress

@@ -6,6 +6,7 @@ probe` command, the [probes] step of `posbench run`, and bad input."""
 import contextlib
 import random
 import re
+import shutil
 
 import pandas as pd
 import pytest
@@ -17,7 +18,7 @@ from posbench.cli import main
 from posbench.config import TrainConfig
 from posbench.data import DataConfig
 from posbench.errors import PosbenchError
-from posbench.grid import run_task
+from posbench.grid import grid, run_task
 from posbench.probes import PROBES, TOKENIZER, parse_probe
 from posbench.probes.symbols import KEYS, SYMBOLS, VALUES
 
@@ -484,7 +485,22 @@ def test_probe_cli_scores_runs_of_the_probe(probe_run, tmp_path, capsys):
     assert len(results.read_rows(out / "probes.csv")) == len(rows)
 
 
-def test_runs_of_an_earlier_revision_of_the_probe_are_refused(probe_run, tmp_path, monkeypatch, capsys):
+def test_lengths_too_short_for_a_probe_are_one_line_naming_its_shortest_and_score_nothing(probe_run, tmp_path,
+                                                                                          capsys):
+    _, runs, _ = probe_run
+    out = tmp_path / "out"
+    args = ["probe", "--probe", "copy,passkey", "--runs-dir", str(runs), "--lengths", "16,32", "--trials", "2",
+            "--device", "cpu", "--out", str(out)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    shortest = parse_probe("passkey").min_length()
+    assert err.strip().splitlines() == [
+        f"error: --lengths 16 is too short for passkey, whose shortest prompt takes {shortest} tokens: "
+        f"give lengths of at least {shortest}"]
+    assert not out.exists()  # not even the copy runs, which fit, are scored
+
+
+def test_runs_of_an_earlier_revision_of_the_probe_are_refused_and_new_ones_train_beside(probe_run, tmp_path, monkeypatch, capsys):
     path, runs, _ = probe_run
     before = (runs / "probes.csv").read_bytes()
     monkeypatch.setattr(PROBES["passkey"], "revision", PROBES["passkey"].revision + 1)
@@ -492,11 +508,38 @@ def test_runs_of_an_earlier_revision_of_the_probe_are_refused(probe_run, tmp_pat
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "examples of an earlier revision of the probe" in err and "Traceback" not in err
-    with pytest.raises(PosbenchError, match="earlier revision of the probe"):  # --resume does not skip it
-        run_task(config.load_task(str(path)), runs, device="cpu", speed=False, resume=True)
     assert (runs / "probes.csv").read_bytes() == before
     assert main(["probe", "--probe", "copy", "--runs-dir", str(runs), "--device", "cpu", "--trials", "2",
                  "--out", str(tmp_path)]) == 0  # other probes' runs are today's
+    # The grid names today's passkey runs by the new revision: it trains them beside the old ones,
+    # which it neither skips as finished nor scores.
+    grid_dir = tmp_path / "grid"
+    shutil.copytree(runs, grid_dir)
+    old = {p.name for p in grid_dir.iterdir() if p.is_dir()}
+    done = run_task(config.load_task(str(path)), grid_dir, device="cpu", speed=False, resume=True)
+    assert (done["trained"], done["probes"], done["skipped_probes"]) == (3, 3, 3)
+    now = {p.name for p in grid_dir.iterdir() if p.is_dir()}
+    assert old < now and len(now - old) == 3
+    scored = {r["run_id"] for r in results.read_rows(grid_dir / "probes.csv") if r["probe"] == "passkey"}
+    assert now - old <= scored
+
+
+def grid_run_id(task: str, data: str, scheme: str) -> str:
+    """The run_id of the grid's run of `scheme` on `data` (not randomized)."""
+    (spec,) = [s for s in grid(config.load_task(task)) if s.data.spec == data and s.scheme == scheme
+               and not s.train.randomize_positions]
+    return spec.run_id
+
+
+def test_a_probe_past_its_first_revision_names_its_runs_and_one_at_it_keeps_its_run_ids(monkeypatch):
+    # what `posbench train --task probes --data mqar --scheme rope` trained before revisions named runs
+    assert PROBES["mqar"].revision == 1 and grid_run_id("probes", "mqar", "rope") == "rope-2069d89c64"
+    assert grid_run_id("probes", "copy", "rope") == "rope-2d6f2f0807"
+    assert PROBES["passkey"].revision == 2 and grid_run_id("probes", "passkey", "rope") == "rope-7d71f0e060"
+    monkeypatch.setattr(PROBES["passkey"], "revision", 3)
+    assert grid_run_id("probes", "passkey", "rope") != "rope-7d71f0e060"
+    monkeypatch.setattr(PROBES["mqar"], "revision", 2)
+    assert grid_run_id("probes", "mqar", "rope") != "rope-2069d89c64"
 
 
 def test_fingerprints_of_before_revisions_were_kept_pass_at_revision_1():
