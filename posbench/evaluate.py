@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -43,10 +45,10 @@ from posbench.config import EvalConfig
 from posbench.data import TokenData, load_tokens
 from posbench.errors import PosbenchError
 from posbench.extension import columns as extension_columns
-from posbench.layout import run_prefix
+from posbench.layout import run_prefix, takes_rope_scaling
 from posbench.positions import evaluation_draws, evaluation_positions
 from posbench.probes import PROBES, probe_name
-from posbench.schemes import PositionLimitError
+from posbench.schemes import SCHEMES, PositionLimitError
 from posbench.schemes.rotary import RopeScaling
 from posbench.training import FINAL, RunSpec, autocast, load_trained, resolve_device
 
@@ -96,6 +98,30 @@ def variants_for(spec: RunSpec, cfg: EvalConfig, layout) -> list[Variant]:
     scalings = [scaling_of(k, cfg) for k in cfg.rope_scaling] if scalable else [RopeScaling()]
     extensions = [e for e in cfg.learned_extension if e == "none" or e in layout.extensions] or ["none"]
     return [Variant(s, e) for s in dict.fromkeys(scalings) for e in dict.fromkeys(extensions)]
+
+
+def scaling_note(rows: list[dict], kinds: tuple[str, ...]) -> str | None:
+    """One line on the eval-time RoPE scalings asked for (`kinds`, e.g. yarn) that `variants_for`
+    left out of `rows` (extrapolation or probes rows): which schemes take them, and which runs
+    have `none` rows only. None when every run has them all."""
+    asked = [k for k in dict.fromkeys(kinds) if k != "none"]
+    got, scheme = defaultdict(set), {}
+    for r in rows:
+        got[r["run_id"]].add(re.match(r"[\w-]*", r["scaling"])[0])  # the kind of a label such as yarn:4
+        scheme[r["run_id"]] = r["scheme"]
+    missing = sorted(run for run, labels in got.items() if not set(asked) <= labels)
+    if not asked or not missing:
+        return None
+    takes = sorted(name for name, cls in SCHEMES.items() if hasattr(cls, "set_scaling"))
+    parts = [f"--rope-scaling {','.join(asked)} applies to {', '.join(takes)} and the layouts with them"]
+    unscaled = sorted({scheme[run] for run in missing if not takes_rope_scaling(scheme[run])})
+    if unscaled:
+        parts.append(f"{', '.join(unscaled)} take none: their rows are `none` only")
+    own = [run for run in missing if takes_rope_scaling(scheme[run])]
+    if own:
+        parts.append(f"{', '.join(own)} trained on randomized positions or fine-tuned with a rescaling, so they "
+                     "are evaluated as trained: `none` rows only")
+    return "; ".join(parts)
 
 
 def scaling_of(kind: str, cfg: EvalConfig) -> RopeScaling:

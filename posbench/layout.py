@@ -357,6 +357,12 @@ def run_prefix(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9.+_-]", "_", name)
 
 
+def takes_rope_scaling(name: str) -> bool:
+    """Whether a layer of scheme, preset or spec `name` takes an eval-time RoPE scaling (its scheme
+    has `set_scaling`: rope, p-rope, resonance)."""
+    return any(hasattr(get_scheme(lay.scheme), "set_scaling") for lay in parse(name).pattern)
+
+
 def relative(layout: Layout) -> bool:
     """Outputs unchanged when every position shifts: relative schemes, and temperatures that do
     not read positions."""

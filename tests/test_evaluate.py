@@ -3,6 +3,7 @@
 
 import dataclasses
 import math
+import shutil
 
 import pytest
 import torch
@@ -200,3 +201,25 @@ def test_window_losses_uncertainty_and_paired_cli(trained, tmp_path, capsys):
     assert main(["paired", "rope", "alibi", "--runs-dir", str(out), "--lengths", "32"]) == 0
     text = capsys.readouterr().out
     assert "rope vs alibi" in text and "sliding/8" in text
+
+
+def test_a_rope_scaling_that_skips_schemes_says_so_in_one_line(trained, tiny_data, tmp_path, capsys):
+    """pope and fope take no eval-time RoPE scaling: their rows are `none` only, and one line says
+    which schemes took it and which did not."""
+    runs = tmp_path / "runs"
+    shutil.copytree(trained, runs)
+    for scheme in ("pope", "fope"):
+        train(RunSpec(scheme, data=tiny_data, model=TINY_MODEL, train=dataclasses.replace(TINY_TRAIN, steps=2)),
+              runs, device="cpu", progress=False)
+    capsys.readouterr()
+    args = ["extrapolate", "--runs-dir", str(runs), "--lengths", "16,32", "--tokens", "64", "--device", "cpu"]
+    assert main([*args, "--scheme", "pope,fope,rope", "--rope-scaling", "none,yarn"]) == 0
+    rows = results.read_rows(runs / "extrapolation.csv")
+    assert {(r["scheme"], r["scaling"]) for r in rows} == {("pope", "none"), ("fope", "none"), ("rope", "none"),
+                                                           ("rope", "yarn")}
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "note: --rope-scaling yarn applies to p-rope, resonance, rope and the layouts with them; fope, pope take "
+        "none: their rows are `none` only"]
+    assert main([*args, "--scheme", "rope", "--rope-scaling", "none,yarn"]) == 0  # nothing skipped: nothing said
+    assert main([*args, "--scheme", "pope"]) == 0  # nothing asked: nothing said
+    assert capsys.readouterr().err.strip() == ""
