@@ -472,12 +472,22 @@ def paired(
     lengths: Optional[str] = typer.Option(None, help="only these evaluation lengths, e.g. 256,512"),
     mode: Optional[str] = typer.Option(None, help="nonoverlap | sliding (default: every mode evaluated)"),
     task: Optional[str] = typer.Option(None, help="only runs of this task (when a directory holds several)"),
+    probe: Optional[str] = typer.Option(
+        None, help="compare per-answer accuracy on this probe (probes.csv; all: every probe) instead of losses"),
 ):
-    """Is A better than B? The loss difference over the same windows and seeds, with its interval."""
-    from posbench.paired import paired as run_paired, paired_table
+    """Is A better than B? The loss difference over the same windows and seeds, with its interval;
+    with --probe, the accuracy difference on a probe, seed by seed."""
+    from posbench import paired as pairing
 
-    rows = run_paired(runs_dir, a, b, config.parse_int_list(lengths) if lengths else None, mode, task)
-    console.print(paired_table(rows, a, b))
+    chosen = config.parse_int_list(lengths) if lengths else None
+    if probe is not None:
+        if mode is not None:
+            raise PosbenchError("--mode is a protocol of window losses; probes have none: leave it out with --probe")
+        rows = pairing.paired_probes(runs_dir, a, b, None if probe == "all" else probe, chosen, task)
+        console.print(pairing.paired_probes_table(rows, a, b))
+        return
+    rows = pairing.paired(runs_dir, a, b, chosen, mode, task)
+    console.print(pairing.paired_table(rows, a, b))
 
 
 @app.command("report")

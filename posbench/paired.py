@@ -110,3 +110,98 @@ def paired_table(rows: list[dict], a: str, b: str):
                       f"[{r['lo']:+.4g}, {r['hi']:+.4g}]", f"{r['ratio']:.4f} [{r['ratio_lo']:.4f}, {r['ratio_hi']:.4f}]",
                       r["verdict"])
     return table
+
+
+# --- probe accuracy ---------------------------------------------------------------------------
+
+def paired_probes(directory: Path | str, a: str, b: str, probe: str | None = None,
+                  lengths: tuple[int, ...] | None = None, task: str | None = None) -> list[dict]:
+    """Is A more accurate than B on a probe? One row per probe, length and variant that both were
+    scored at (probes.csv): the per-answer accuracy difference A - B, paired seed by seed (the
+    same seed number: the same training batches and initial draw, the same scored examples):
+
+    - two or more common seeds: a t-interval over the per-seed differences, which carries the
+      training noise (when a model leaves its plateau is chaotic: one seed is one draw);
+    - one seed: Newcombe's interval for the difference of two proportions from the Wilson
+      intervals of each (evaluation noise only: it holds for these two models, not the schemes).
+
+    Positive differences favour A."""
+    from posbench.report import label
+
+    path = results.table_path(directory, "probes")
+    rows = [r for r in results.read_probes(directory)
+            if r["status"] == "ok" and r["accuracy"] != "" and (task is None or r["task"] == task)
+            and (probe is None or r["probe"] == probe)]
+    if not rows:
+        raise PosbenchError(f"no scored probe rows in {path}" + (f" for probe {probe!r}" if probe else "")
+                            + (" for that task" if task else ""))
+    for r in rows:
+        r["label"] = label(r)
+    labels = {r["label"] for r in rows}
+    sa, sb = _probe_cells(rows, a, labels), _probe_cells(rows, b, labels)
+    out = []
+    for cell in sorted(set(sa) & set(sb), key=lambda c: (c[0], c[1], c[2])):
+        name, length, variant = cell
+        if lengths and length not in lengths:
+            continue
+        seeds = sorted(set(sa[cell]) & set(sb[cell]))
+        if not seeds:
+            continue
+        if len(seeds) >= 2:
+            iv = stats.mean_interval([sa[cell][s][0] - sb[cell][s][0] for s in seeds])
+        else:
+            iv = _newcombe(sa[cell][seeds[0]][1:], sb[cell][seeds[0]][1:])
+        out.append({"probe": name, "eval_len": length, "variant": variant, "seeds": len(seeds),
+                    "a": sum(sa[cell][s][0] for s in seeds) / len(seeds),
+                    "b": sum(sb[cell][s][0] for s in seeds) / len(seeds),
+                    "diff": iv.mean, "lo": iv.lo, "hi": iv.hi, "verdict": verdict(iv, b, a)})
+    if not out:
+        wanted = f" at {', '.join(map(str, lengths))}" if lengths else ""
+        raise PosbenchError(f"{a} and {b} share no scored probe cells with a common seed{wanted} in {path}")
+    return out
+
+
+def _probe_cells(rows: list[dict], name: str, labels: set[str]) -> dict:
+    """(probe, eval_len, variant) -> seed -> (accuracy, hits, answers) of the rows labelled `name`."""
+    if name not in labels:
+        raise did_you_mean(name, sorted(labels), "scheme variant in probes.csv")
+    out: dict = defaultdict(dict)
+    runs: dict = defaultdict(set)
+    for r in rows:
+        if r["label"] != name:
+            continue
+        cell, seed = (r["probe"], int(r["eval_len"]), r["variant"]), int(r["seed"])
+        runs[(cell, seed)].add(r["run_id"])
+        answers = int(r["answers"] or r["trials"])
+        hits = int(r["hits"]) if r["hits"] != "" else round(float(r["accuracy"]) * answers)
+        out[cell][seed] = (float(r["accuracy"]), hits, answers)
+    for (cell, seed), ids in runs.items():
+        if len(ids) > 1:
+            raise PosbenchError(f"{len(ids)} runs of {name} with seed {seed} on {cell[0]} at length {cell[1]} "
+                                f"({', '.join(sorted(ids))}): choose one task with --task")
+    return out
+
+
+def _newcombe(a: tuple[int, int], b: tuple[int, int]) -> stats.Interval:
+    """Newcombe's hybrid score interval (Stat. Med. 1998, method 10) for p_a - p_b from (hits, answers)."""
+    pa, pb = a[0] / a[1], b[0] / b[1]
+    (la, ua), (lb, ub) = stats.wilson(*a), stats.wilson(*b)
+    d = pa - pb
+    lo = d - math.sqrt((pa - la) ** 2 + (ub - pb) ** 2)
+    hi = d + math.sqrt((ua - pa) ** 2 + (pb - lb) ** 2)
+    return stats.Interval(d, lo, hi, 1, math.nan)
+
+
+def paired_probes_table(rows: list[dict], a: str, b: str):
+    from rich.table import Table
+
+    table = Table(title=f"{a} vs {b}: per-answer probe accuracy paired over seeds",
+                  caption="difference A - B in accuracy points (positive: A better), 95% interval: over seeds "
+                          "where 2 or more, else Newcombe's for two proportions (evaluation noise only)")
+    for col in ("probe", "length", "variant", "seeds", "A", "B", "A - B", "95% interval", "verdict"):
+        table.add_column(col, justify="left" if col in ("probe", "variant", "verdict") else "right")
+    for r in rows:
+        table.add_row(r["probe"], str(r["eval_len"]), r["variant"] or "-", str(r["seeds"]), f"{r['a']:.1%}",
+                      f"{r['b']:.1%}", f"{100 * r['diff']:+.1f}", f"[{100 * r['lo']:+.1f}, {100 * r['hi']:+.1f}]",
+                      r["verdict"])
+    return table
