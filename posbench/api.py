@@ -94,25 +94,36 @@ def extrapolate(*, runs_dir: str | Path = "runs", scheme: str | Iterable[str] | 
                 rerope_leak: float | None = None, learned_extension: str | Iterable[str] | None = None,
                 position_draws: int | None = None, tolerance: float | None = None, device: str = "auto",
                 out: str | Path | None = None, attention: bool = False, plugins: Sequence[str] = (),
-                progress: bool = False) -> pd.DataFrame:
+                progress: bool = False, model: str | None = None,
+                longrope_factors: str | Sequence[float] | None = None) -> pd.DataFrame:
     """Evaluate every trained run at every length: the extrapolation rows (also written, with
     positions.csv, windows.csv, effective_length.csv and the plots, to `out` or `runs_dir`; with
-    `attention`, attention.csv and its plots too, posbench.attention_measures)."""
+    `attention`, attention.csv and its plots too, posbench.attention_measures). `model`
+    (hf:FOLDER or gguf:FILE; or the task's [model] pretrained): that pretrained model instead of
+    trained runs, under the task `pretrained` unless one is named (posbench.pretrained)."""
     from posbench import effective, evaluate, report
 
     _load(plugins)
-    t = config.load_task(task)
+    t = config.load_task(task or ("pretrained" if model else None))
     cfg = config.replace(
         t.eval, lengths=_ints(lengths, "lengths"), mode=mode, stride=stride, tokens=tokens,
         rope_scaling=split_names(rope_scaling), rope_scaling_factor=scaling_factor, yarn_alpha=yarn_alpha,
         yarn_beta=yarn_beta, llama3_low=llama3_low, llama3_high=llama3_high, self_extend_group=self_extend_group,
         self_extend_window=self_extend_window, rerope_window=rerope_window, rerope_leak=rerope_leak,
         learned_extension=split_names(learned_extension), position_draws=position_draws,
-        effective_tolerance=tolerance,
+        effective_tolerance=tolerance, longrope_factors=_floats(longrope_factors),
     )
     out_dir = Path(out or runs_dir)
-    rows = evaluate.extrapolate(Path(runs_dir), cfg, _schemes(scheme), out_dir, device, progress=progress,
-                                attention=attention)
+    if model or t.pretrained:
+        from posbench import pretrained
+
+        if attention:
+            raise PosbenchError("--attention measures posbench's own models; a pretrained model has no such path")
+        rows = pretrained.extrapolate(model or t.pretrained, cfg, t.data.spec, out_dir, t.name, progress,
+                                      _task_folder(task))
+    else:
+        rows = evaluate.extrapolate(Path(runs_dir), cfg, _schemes(scheme), out_dir, device, progress=progress,
+                                    attention=attention)
     effective.write(out_dir, cfg.effective_tolerance, cfg.effective_threshold)
     extrapolation = results.read_rows(results.table_path(out_dir, "extrapolation"))
     report.plot_extrapolation(extrapolation, out_dir / "extrapolation.png")
@@ -147,8 +158,11 @@ def probe(probe: str | Iterable[str], *, runs_dir: str | Path = "runs", task: st
           scheme: str | Iterable[str] | None = None, lengths: str | Sequence[int] | None = None,
           trials: int | None = None, seed: int | None = None, rope_scaling: str | Iterable[str] | None = None,
           position_draws: int | None = None, device: str = "auto", out: str | Path | None = None,
-          plugins: Sequence[str] = (), progress: bool = False) -> pd.DataFrame:
-    """Score every run trained on the probes' examples: the probes rows (also written)."""
+          plugins: Sequence[str] = (), progress: bool = False, model: str | None = None,
+          longrope_factors: str | Sequence[float] | None = None) -> pd.DataFrame:
+    """Score every run trained on the probes' examples: the probes rows (also written). `model`
+    (or the task's [model] pretrained): the passkey test of that pretrained model, under the task
+    `pretrained` unless one is named (posbench.pretrained)."""
     from posbench import probing
     from posbench.probes import parse_probe, probe_name
 
@@ -158,9 +172,18 @@ def probe(probe: str | Iterable[str], *, runs_dir: str | Path = "runs", task: st
         raise PosbenchError("name probes with probe=NAME[,NAME] (see `posbench probe --list`)")
     for name in names:
         parse_probe(name)
-    t = config.load_task(task)
+    t = config.load_task(task or ("pretrained" if model else None))
     cfg = config.replace(t.probes, lengths=_ints(lengths, "lengths"), trials=trials, seed=seed)
-    eval_cfg = config.replace(t.eval, rope_scaling=split_names(rope_scaling), position_draws=position_draws)
+    eval_cfg = config.replace(t.eval, rope_scaling=split_names(rope_scaling), position_draws=position_draws,
+                              longrope_factors=_floats(longrope_factors))
+    if model or t.pretrained:
+        from posbench import pretrained
+
+        if names != ("passkey",):
+            raise PosbenchError("a pretrained model takes the passkey probe (--probe passkey): the other probes "
+                                "are written in posbench's symbol vocabulary for the models it trains")
+        return _frame(pretrained.passkey(model or t.pretrained, cfg, eval_cfg, cfg.lengths or t.eval.lengths,
+                                         Path(out or runs_dir), t.name, progress, _task_folder(task)))
     rows = probing.evaluate(Path(runs_dir), cfg, eval_cfg, tuple(probe_name(n) for n in names), _schemes(scheme),
                             Path(out or runs_dir), device, progress=progress)
     return _frame(rows)
@@ -253,6 +276,23 @@ def check(scheme: str, *, param: dict[str, Any] | Sequence[str] | None = None,
     _load(plugins)
     findings = conformance(scheme, _params(param), skip=split_names(skip) or ())
     return _frame([dataclasses.asdict(f) for f in findings])
+
+
+def _floats(value: str | Sequence[float] | None) -> tuple[float, ...] | None:
+    """LongRoPE factors, comma-separated or a list."""
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    try:
+        return tuple(float(v) for v in items if str(v).strip())
+    except ValueError:
+        raise PosbenchError(f"bad longrope factors {value!r}: expected comma-separated numbers") from None
+
+
+def _task_folder(task: str | None) -> Path | None:
+    """The folder of a task file, against which its relative paths (a pretrained model) are read."""
+    path = config.find_task(task) if task else None
+    return path.resolve().parent if path is not None else None
 
 
 def _schemes(value) -> tuple[str, ...] | None:

@@ -51,6 +51,9 @@ app = typer.Typer(
     "and --debug (a traceback instead of one line; or POSBENCH_DEBUG=1).",
 )
 ROPE_SCALING_HELP = f"comma-separated: {','.join(SCALINGS)}"
+MODEL_HELP = ("hf:FOLDER | gguf:FILE: a pretrained RoPE model, read from local files only, in place of "
+              "trained runs; its default task is `pretrained` (posbench/docs/pretrained.md)")
+LONGROPE_HELP = "comma-separated LongRoPE factors, one per rotated pair: longrope in --rope-scaling"
 TRACKER_HELP = "none | tensorboard | wandb: training curves there too (default: the task's, none)"
 console = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True)
@@ -197,6 +200,8 @@ def extrapolate(
     learned_extension: Optional[str] = typer.Option(None, help="comma-separated: none,hierarchical"),
     position_draws: Optional[int] = typer.Option(None, help="randomized runs: position draws averaged per length"),
     tolerance: Optional[float] = typer.Option(None, help="effective length: perplexity within this fraction of in-distribution (default 0.1)"),
+    model: Optional[str] = typer.Option(None, help=MODEL_HELP),
+    longrope_factors: Optional[str] = typer.Option(None, help=LONGROPE_HELP),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     out: Optional[Path] = typer.Option(None, help="where CSVs and plots go (default: the runs directory)"),
     attention: bool = typer.Option(False, "--attention", help="also measure attention per layer and head "
@@ -212,9 +217,9 @@ def extrapolate(
         yarn_beta=yarn_beta, llama3_low=llama3_low, llama3_high=llama3_high, self_extend_group=self_extend_group,
         self_extend_window=self_extend_window, rerope_window=rerope_window, rerope_leak=rerope_leak,
         learned_extension=learned_extension, position_draws=position_draws, tolerance=tolerance, device=device,
-        out=out, attention=attention, progress=sys.stderr.isatty())
+        out=out, attention=attention, progress=sys.stderr.isatty(), model=model, longrope_factors=longrope_factors)
     rows = frame.attrs["rows"]
-    cfg = config.replace(config.load_task(task).eval, effective_tolerance=tolerance,
+    cfg = config.replace(config.load_task(task or ("pretrained" if model else None)).eval, effective_tolerance=tolerance,
                          mode=mode)
     eff = report.effective_by_label(effective.perplexity_rows(rows, cfg.effective_tolerance))
     console.print(report.ppl_table(rows, f"perplexity, {cfg.mode}", eff))
@@ -583,9 +588,12 @@ def probe(
     position_draws: Optional[int] = typer.Option(None, help="randomized runs: position draws per length"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     out: Optional[Path] = typer.Option(None, help="where probes.csv and heatmaps go (default: the runs directory)"),
+    model: Optional[str] = typer.Option(None, help=MODEL_HELP + "; takes --probe passkey"),
+    longrope_factors: Optional[str] = typer.Option(None, help=LONGROPE_HELP),
 ):
     """Synthetic probes: per-answer accuracy and exact match by prompt length of every run trained
-    on a probe's examples; a table per probe, probes.csv and one heatmap per probe."""
+    on a probe's examples; a table per probe, probes.csv and one heatmap per probe. With --model,
+    the passkey test of a pretrained model (natural-language filler, greedy decoding)."""
     from posbench import probing, report, results
     from posbench.probes import PROBES, parse_probe, probe_name
 
@@ -605,7 +613,8 @@ def probe(
     out_dir = out or runs_dir
     rows = api.probe(probe, runs_dir=runs_dir, task=task, scheme=_scheme_names(scheme), lengths=lengths,
                      trials=trials, seed=seed, rope_scaling=rope_scaling, position_draws=position_draws,
-                     device=device, out=out, progress=sys.stderr.isatty()).attrs["rows"]
+                     device=device, out=out, progress=sys.stderr.isatty(), model=model,
+                     longrope_factors=longrope_factors).attrs["rows"]
     for table in report.probe_tables(rows):
         console.print(table)
     e = config.load_task(task).eval

@@ -69,6 +69,7 @@ class EvalConfig:
     self_extend_window: int = 0  # Self-Extend W, the neighbour window; 0: train_len / 4 to the nearest multiple of G
     rerope_window: int = 0  # ReRoPE w (posbench/docs/extension.md); 0: train_len / 4
     rerope_leak: float = 0.0  # ReRoPE k: 0 clips relative positions at w; k >= 1: leaky ReRoPE
+    longrope_factors: tuple[float, ...] = ()  # LongRoPE lambda_t per rotated pair: longrope in rope_scaling
     learned_extension: tuple[str, ...] = ("none",)
     position_buckets: int = 16
     position_draws: int = 4  # randomized runs: position draws averaged per length (posbench.positions)
@@ -147,6 +148,7 @@ class Task:
     speed: SpeedConfig = SpeedConfig()
     probes: ProbesConfig = ProbesConfig()
     extend: ExtendConfig = ExtendConfig()
+    pretrained: str = ""  # [model] pretrained: hf:FOLDER or gguf:FILE evaluated in place of trained runs
 
     def train_for(self, spec: str) -> TrainConfig:
         """The training settings of runs on data `spec`: [train], with the keys of
@@ -210,6 +212,11 @@ def _parse(path: Path) -> Task:
     except OSError as e:
         raise PosbenchError(f"cannot read task {path}: {e.strerror}") from None
     raw.setdefault("name", path.stem)
+    model = raw.get("model")
+    if isinstance(model, dict) and "pretrained" in model:
+        # the task's, not a ModelConfig field: those enter every run_id
+        raw["model"] = {k: v for k, v in model.items() if k != "pretrained"}
+        raw["pretrained"] = model["pretrained"]
     if "passkey" in raw:
         raise PosbenchError(f'{path}: the [passkey] section became [probes]: names = ["passkey"] '
                             "(see posbench/docs/probes.md)")
@@ -303,7 +310,9 @@ def validate(obj) -> None:
         from posbench.schemes.rotary import SCALINGS
 
         for kind in obj.rope_scaling:
-            _choice("rope_scaling", kind, SCALINGS)
+            _choice("rope_scaling", kind, (*SCALINGS, "longrope") if obj.longrope_factors else SCALINGS)
+        if any(f <= 0 for f in obj.longrope_factors):
+            raise PosbenchError("longrope_factors must be > 0")
         if not 0 < obj.llama3_low < obj.llama3_high < math.inf:
             raise PosbenchError(f"llama3_low and llama3_high must satisfy 0 < low < high, "
                                 f"got {obj.llama3_low} and {obj.llama3_high}")
@@ -372,7 +381,7 @@ def validate(obj) -> None:
     elif isinstance(obj, Task):
         if obj.version > TASK_VERSION:
             raise PosbenchError(f"task version {obj.version} is newer than this posbench ({TASK_VERSION})")
-        if not obj.schemes:
+        if not obj.schemes and not obj.pretrained:
             raise PosbenchError("a task needs at least one scheme")
         if not obj.seeds:
             raise PosbenchError("a task needs at least one seed (seeds = [])")

