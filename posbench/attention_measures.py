@@ -38,24 +38,25 @@ def query_measures(attn: torch.Tensor, train_len: int, keys: torch.Tensor | None
     """attn (..., T, T) weights of queries over keys, zero where a query does not see a key; keys
     (T,) how many keys each query sees (default i + 1, full causal) -> each measure per query,
     (..., T); entropy_norm is nan for a query with one key, far_mass for a query with no key at
-    distance >= train_len."""
+    distance >= train_len. Two (..., T, T) temporaries at most: at 16x the training length the
+    weights of a batch are hundreds of megabytes."""
     t = attn.shape[-1]
-    p = attn.double()
+    p = attn.float()
     i = torch.arange(t, device=p.device)
-    back = (i[:, None] - i[None, :]).clamp(min=0).double()  # (T, T) i - j, 0 above the diagonal
     keys = (i + 1) if keys is None else keys.to(p.device)
-    total = p.sum(-1, keepdim=True)
-    q = p / total.clamp(min=torch.finfo(p.dtype).tiny)
-    plogp = torch.where(q > 0, q * q.clamp(min=torch.finfo(p.dtype).tiny).log(), torch.zeros_like(q))
-    entropy = -plogp.sum(-1)
-    logn = keys.double().log()
+    total = p.sum(-1)  # (..., T)
+    z = total.clamp(min=torch.finfo(p.dtype).tiny)
+    # of q = p / Z: -sum q log q = log Z - sum p log p / Z; sum q (i - j) = i - sum p j / Z
+    entropy = (z.log() - torch.xlogy(p, p).sum(-1) / z).clamp(min=0)
+    distance = i - (p @ i.float()) / z
     nan = torch.full_like(entropy, math.nan)
+    far = (p * (i[:, None] - i[None, :] >= train_len)).sum(-1)
     return {
         "entropy": entropy,
-        "entropy_norm": torch.where(keys > 1, entropy / logn.clamp(min=1e-12), nan),
-        "distance": (q * back).sum(-1),
+        "entropy_norm": torch.where(keys > 1, entropy / keys.float().log().clamp(min=1e-12), nan),
+        "distance": distance,
         "sink_mass": p[..., 0],
-        "far_mass": torch.where(i >= train_len, (p * (back >= train_len)).sum(-1), nan),
+        "far_mass": torch.where(i >= train_len, far, nan),
     }
 
 
@@ -80,7 +81,7 @@ class Recorder:
             counted = seen & ~value.isnan().all(0).all(0)  # (T,) nan: a query the measure skips
             value = value[..., counted]  # (B, H, Q)
             key = (layer, name)
-            self.sums[key] = self.sums.get(key, 0) + value.sum((0, 2)).cpu()
+            self.sums[key] = self.sums.get(key, 0) + value.double().sum((0, 2)).cpu()
             self.counts[key] = self.counts.get(key, 0) + value.shape[0] * value.shape[2]
         self.windows[layer] = self.windows.get(layer, 0) + attn.shape[0]
 

@@ -34,15 +34,15 @@ def one_hot(offset: int, t: int = T) -> torch.Tensor:
 
 def test_uniform_attention_over_n_keys_has_entropy_log_n():
     m = query_measures(uniform(), train_len=4)
-    n = torch.arange(1, T + 1).double()
-    assert torch.allclose(m["entropy"][0, 0], n.log())
-    assert torch.allclose(m["entropy_norm"][0, 0, 1:], torch.ones(T - 1, dtype=torch.float64))
+    n = torch.arange(1, T + 1).float()
+    assert torch.allclose(m["entropy"][0, 0], n.log(), atol=1e-5)
+    assert torch.allclose(m["entropy_norm"][0, 0, 1:], torch.ones(T - 1), atol=1e-5)
     assert math.isnan(m["entropy_norm"][0, 0, 0])  # one key: no spread to normalize
-    assert torch.allclose(m["distance"][0, 0], (n - 1) / 2)  # mean of 0..i
+    assert torch.allclose(m["distance"][0, 0], (n - 1) / 2, atol=1e-5)  # mean of 0..i
     assert torch.allclose(m["sink_mass"][0, 0], 1 / n)
     # keys at distance >= 4: i - 3 of them among i + 1, from query 4 on
     far = m["far_mass"][0, 0]
-    assert far[:4].isnan().all() and torch.allclose(far[4:], (n[4:] - 4) / n[4:])
+    assert far[:4].isnan().all() and torch.allclose(far[4:], (n[4:] - 4) / n[4:], atol=1e-6)
 
 
 @pytest.mark.parametrize("offset", [0, 1, 5])
@@ -57,7 +57,7 @@ def test_a_head_on_token_zero_has_sink_mass_one_and_recorder_means():
     attn = one_hot(T)  # every query on key 0
     m = query_measures(attn, train_len=4)
     assert (m["sink_mass"] == 1).all()
-    assert torch.allclose(m["far_mass"][0, 0, 4:], torch.ones(T - 4, dtype=torch.float64))
+    assert (m["far_mass"][0, 0, 4:] == 1).all()
     # The recorder's row: head 0 on token 0, head 1 uniform; two windows, one layer.
     rec = Recorder([Span()], train_len=4)
     both = torch.cat([attn, uniform()], dim=1).expand(2, 2, T, T)
@@ -75,7 +75,7 @@ def test_weights_under_a_window_count_only_the_keys_they_see():
     mask = span.mask(T, "cpu").float()
     attn = (mask / mask.sum(-1, keepdim=True))[None, None]
     m = query_measures(attn, train_len=8, keys=span.visible(T, "cpu"))
-    assert torch.allclose(m["entropy_norm"][0, 0, 1:], torch.ones(T - 1, dtype=torch.float64))
+    assert torch.allclose(m["entropy_norm"][0, 0, 1:], torch.ones(T - 1), atol=1e-5)
     assert (m["far_mass"][0, 0, 8:] == 0).all()  # a window of 4 never reaches distance 8
 
 
