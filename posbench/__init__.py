@@ -1,6 +1,6 @@
 """posbench: positional-encoding benchmark and length-extrapolation harness.
 
-The commands are functions too (posbench.api): ``posbench.training``, ``extrapolate``, ``probe``,
+The commands are functions too (posbench.api): ``posbench.train``, ``extrapolate``, ``probe``,
 ``speed``, ``run`` and ``check``, imported on first use so that ``import posbench`` stays cheap.
 """
 

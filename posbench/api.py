@@ -143,7 +143,7 @@ def speed(*, schemes: str | Iterable[str] | None = None, task: str | None = None
           backward: bool | None = None, repeats: int | None = None, out: str | Path = "runs",
           plugins: Sequence[str] = ()) -> pd.DataFrame:
     """Time each scheme's attention layer: the speed rows (also written to out/speed.csv)."""
-    from posbench.speed import run_speed
+    from posbench.timing import run_speed
 
     _load(plugins)
     s = config.replace(config.load_task(task).speed, lengths=_ints(lengths, "lengths"), batch_size=batch_size,
@@ -201,6 +201,9 @@ def run(task: str, *, shard: str | None = None, resume: bool = False, out: str |
 
     _load(plugins)
     t = config.load_task(task)
+    if t.pretrained:
+        raise PosbenchError(f"task {t.name} evaluates the pretrained model {t.pretrained} and trains nothing: "
+                            f"posbench extrapolate --task {task}; posbench probe --task {task} --probe passkey")
     t = dataclasses.replace(t, train=config.replace(t.train, compile=compile, tracker=tracker))
     trackers.require(t.train.tracker)
     if seeds is not None or schemes is not None:

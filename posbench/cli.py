@@ -339,7 +339,7 @@ def speed(
 ):
     """Time each scheme's attention layer (hooks included), forward and forward+backward."""
     from posbench import api
-    from posbench.speed import print_speed
+    from posbench.timing import print_speed
 
     rows = api.speed(schemes=schemes, task=task, lengths=lengths, batch_size=batch_size, heads=heads,
                      head_dim=head_dim, dtype=dtype, device=device, backward=backward, repeats=repeats, out=out)

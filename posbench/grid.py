@@ -207,7 +207,7 @@ def run_speed_once(task: Task, out: Path, device: str, log) -> int:
     comparable). Skipped when speed.csv already holds this machine's row for every scheme, length
     and pass of the task; otherwise the whole set is timed again, so every ratio_vs_none compares
     timings of one run."""
-    from posbench.speed import BASELINE, PASSES, device_name, run_speed
+    from posbench.timing import BASELINE, PASSES, device_name, run_speed
 
     s = task.speed
     wanted = {

@@ -21,7 +21,7 @@ from rich.console import Console
 
 from posbench.config import parse_int_list
 from posbench.errors import PosbenchError
-from posbench.speed import print_speed, run_speed
+from posbench.timing import print_speed, run_speed
 
 
 def main(argv: list[str] | None = None) -> int:

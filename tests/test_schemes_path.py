@@ -11,7 +11,7 @@ import torch
 from conftest import tiny_model
 from posbench.schemes import SCHEMES, Dims
 from posbench.schemes.path import path_logits
-from posbench.speed import PeakTracker
+from posbench.timing import PeakTracker
 
 B, H, T, D = 2, 3, 11, 5
 CAUSAL = torch.ones(T, T, dtype=torch.bool).tril()

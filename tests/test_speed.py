@@ -1,10 +1,11 @@
-"""posbench.speed on tiny sizes: rows, ratios, keyed CSV, plot, failures as rows, bad input."""
+"""posbench.timing (`posbench speed`) on tiny sizes: rows, ratios, keyed CSV, plot, failures as rows, bad input."""
 
 import pytest
 import torch
 from rich.console import Console
 
-from posbench import attention, layout, results, speed
+from posbench import attention, layout, results
+from posbench import timing as speed
 from posbench.errors import PosbenchError
 from posbench.schemes import SCHEMES
 
@@ -192,3 +193,18 @@ def test_schemes_take_turns_block_by_block(monkeypatch):
     assert out["c"] == {"status": "failed", "reason": "RuntimeError: kernel refused"}
     assert out["a"]["status"] == out["b"]["status"] == "ok"
     assert out["a"]["median_ms"] > 0.95 and out["b"]["median_ms"] > 1.9  # per call, not per block
+
+
+def test_every_api_name_stays_the_function_once_every_module_is_imported():
+    """A submodule named like an API function would replace it on the package once imported
+    (`posbench.speed` was the timing module after a grid ran): no module takes those names."""
+    import importlib
+    import pkgutil
+
+    import posbench
+
+    for module in pkgutil.walk_packages(posbench.__path__, "posbench."):
+        importlib.import_module(module.name)
+    for name in posbench.API:
+        assert callable(getattr(posbench, name)), name
+        assert getattr(posbench, name).__module__ == "posbench.api", name
