@@ -70,6 +70,10 @@ def test_probe_rows_count_answers_and_padding_apart(tmp_path):
     assert int(row["scored_tokens"]) == sum(int((b.mask > 0).sum()) for b in drawn) < int(row["tokens"])
     assert int(row["padding_tokens"]) == sum(int((b.tokens == 0).sum()) for b in drawn) > 0
     assert float(row["tokens_per_second"]) == pytest.approx(int(row["tokens"]) / float(row["train_seconds"]), rel=1e-4)
+    # Interrupted and resumed, the run counts the same tokens (the counts ride in the checkpoint).
+    train(spec, tmp_path / "resumed", device="cpu", progress=False, stop_after=2)
+    resumed = train(spec, tmp_path / "resumed", device="cpu", progress=False, resume=True).row
+    assert (resumed["scored_tokens"], resumed["padding_tokens"]) == (int(row["scored_tokens"]), int(row["padding_tokens"]))
 
 
 def test_lm_rows_score_every_token(tiny_data, tmp_path):
