@@ -237,8 +237,9 @@ def test_the_commands_write_every_table(folder, tmp_path, capsys):
     assert main(["probe", "--model", "hf:no/such-model", "--probe", "passkey", "--out", str(out)]) == 2
     assert main(["probe", "--model", f"hf:{folder}", "--probe", "mqar", "--out", str(out)]) == 2
     assert main(["extrapolate", "--model", f"gguf:{tmp_path / 'none.gguf'}", "--out", str(out)]) == 2
+    assert main(["run", str(task), "--out", str(out)]) == 2  # nothing to train
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 3 and all(line.startswith("error: ") for line in lines), lines
+    assert len(lines) == 4 and all(line.startswith("error: ") for line in lines), lines
 
 
 def test_the_passkey_prompt_is_exactly_its_length():
