@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from posbench import machine
+from posbench import machine, results
 from posbench.config import TrainConfig
 from posbench.data import DataConfig
 from posbench.errors import PosbenchError
@@ -67,10 +67,15 @@ def record(spec: RunSpec, path: Path | str, name: str) -> dict[str, Any]:
     log, weights, made_on = _trajectory(spec)
     golden = {"name": name, "run_id": spec.run_id, "spec": spec.to_json(), "machine": _machine_json(made_on),
               "weights": weights, "log": log}
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(golden, indent=1) + "\n")
+    results.write_atomic(Path(path), dump(golden))
     return golden
+
+
+def dump(golden: dict[str, Any]) -> str:
+    """A golden file's text: one line per step of its log, so that a refresh's diff reads by step."""
+    head = json.dumps({k: v for k, v in golden.items() if k != "log"}, indent=1)
+    steps = ",\n".join(f"  {json.dumps(entry)}" for entry in golden["log"])
+    return f'{head[:-2]},\n "log": [\n{steps}\n ]\n}}\n'
 
 
 def refresh(directory: Path | str, names: tuple[str, ...] | None = None) -> list[Path]:
