@@ -47,12 +47,14 @@ from posbench.evaluate import (ATTN_BYTES, correlated_windows, loss_interval, po
 from posbench.extension import columns as extension_columns
 from posbench.probes import parse_probe
 from posbench.probing import counts, gate, verdict_columns
-from posbench.schemes.rotary import TWO_MAPS, RopeScaling, rope_frequencies, two_map_scores
+from posbench.schemes.rotary import (TWO_MAPS, RopeScaling, far_keys, far_queries, rope_frequencies, turn_at,
+                                     two_map_scores)
 
 KINDS = ("hf", "gguf")
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")  # half-split RoPE on every head dim, q and k by apply_rotary_pos_emb
 TWO_MAP_ATTENTION = "posbench_two_map"
 LOGIT_CHUNK = 1024  # positions whose vocabulary logits are formed at once
+QUERY_BLOCK = 256  # queries per block of two-map attention: its explicit scores are B x 2B
 FILLER = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 INSTRUCTION = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
                "I will quiz you about the important information there.")
@@ -145,25 +147,56 @@ class Rotary(nn.Module):
 
 def two_map_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """Self-Extend or ReRoPE attention for transformers: query (B, H, Tq, D), key and value
-    (B, Hkv, Tk, D) unrotated -> (B, Tq, H, D), causal by position, scored by `two_map_scores` one
-    block of queries at a time. The keys sit at positions 0..Tk-1 (a cache holds them unrotated)."""
+    (B, Hkv, Tk, D) unrotated -> (B, Tq, H, D), causal by position; the keys sit at positions
+    0..Tk-1 (a cache holds them unrotated). For a block of queries at a..c-1 (c - a <= W), the keys
+    below a - W + 1 are beyond the window of every query (the far map alone) and those from c - W to
+    a within it (plain RoPE): both go to the fused CPU kernel, no score matrix formed. Only the two
+    strips of keys between, where the maps or the causal edge differ by query, are scored
+    explicitly by `two_map_scores`. The softmaxes of the parts are merged by their log-sum-exps, so
+    time and memory grow with T, not T^2. Without the fused kernel every key is scored explicitly."""
     rotary: Rotary = module.posbench_rotary
     groups = query.shape[1] // key.shape[1]
-    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)  # (B, H, Tk, D)
+    key, value = key.repeat_interleave(groups, 1).float(), value.repeat_interleave(groups, 1).float()  # (B, H, Tk, D)
     qpos = rotary.positions.to(query.device)
     kpos = torch.arange(key.shape[2], device=query.device)
-    window = rotary.scaling.neighbour_window(rotary.train_len)
+    inv, policy = rotary.inv, rotary.scaling
+    window = policy.neighbour_window(rotary.train_len)
+    fused = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None) if query.device.type == "cpu" else None
     b, h, tq, _ = query.shape
-    block = max(1, ATTN_BYTES // (4 * b * h * key.shape[2]))
+    # A block's explicit scores: B queries over 2B keys with the kernel, over every key without it
+    block = min(window, QUERY_BLOCK, max(1, ATTN_BYTES // (4 * b * h * (2 * window if fused else key.shape[2]))))
+    if fused is not None:  # every key turned once for each map
+        near_k, far_k = turn_at(key, kpos, inv), far_keys(key, kpos, inv, policy)
     out = torch.empty_like(query)
     for i in range(0, tq, block):
-        qp = qpos[i: i + block]
-        seen = int(qp.max()) + 1  # causal: no key past the block's last query
-        scores = two_map_scores(query[:, :, i: i + block].float(), key[:, :, :seen].float(), qp, kpos[:seen],
-                                rotary.inv, rotary.scaling, window) * scaling  # (B, H, Tb, seen)
-        scores = scores.masked_fill(kpos[None, :seen] > qp[:, None], -math.inf)
-        out[:, :, i: i + block] = (scores.softmax(-1).to(value.dtype) @ value[:, :, :seen])
+        qp, q = qpos[i: i + block], query[:, :, i: i + block].float()
+        a, c = int(qp[0]), int(qp[-1]) + 1
+        parts = []  # (output (B, H, Tb, D), log-sum-exp (B, H, Tb, 1)) of each set of keys
+        if fused is not None and c - a == len(qp):
+            far_end, near_start = max(0, a - window + 1), max(0, c - window)
+            if far_end:
+                parts.append(_fused(fused, far_queries(q, qp, inv, policy, window), far_k[:, :, :far_end],
+                                    value[:, :, :far_end], scaling))
+            if a + 1 > near_start:
+                parts.append(_fused(fused, turn_at(q, qp, inv), near_k[:, :, near_start: a + 1],
+                                    value[:, :, near_start: a + 1], scaling))
+            explicit = torch.cat([kpos[far_end:near_start], kpos[a + 1: c]])
+        else:
+            explicit = kpos[:c]
+        if len(explicit):
+            scores = two_map_scores(q, key[:, :, explicit], qp, explicit, inv, policy, window) * scaling
+            scores = scores.masked_fill(explicit[None, :] > qp[:, None], -math.inf)  # (B, H, Tb, K)
+            lse = scores.logsumexp(-1, keepdim=True)
+            parts.append(((scores - lse).exp().nan_to_num() @ value[:, :, explicit], lse))
+        total = torch.logsumexp(torch.stack([lse for _, lse in parts]), 0)
+        out[:, :, i: i + block] = sum(o * (lse - total).exp() for o, lse in parts).to(out.dtype)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _fused(kernel, q, k, v, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of q over every key k, v by the fused CPU kernel: output and log-sum-exp (..., 1)."""
+    out, lse = kernel(q, k, v, 0.0, False, scale=scale)[:2]
+    return out, lse[..., None]
 
 
 def _register_attention() -> None:
@@ -326,7 +359,7 @@ def distinct(m: Pretrained, scaling: RopeScaling, length: int) -> tuple:
     saved, m.rotary.scaling, m.rotary.length = m.rotary.scaling, scaling, length
     inv, mscale = m.rotary.frequencies()
     m.rotary.scaling = saved
-    return (inv.numpy().tobytes(), mscale)
+    return (inv.numpy().tobytes(), mscale, length)
 
 
 def say(text: str) -> None:

@@ -223,6 +223,8 @@ def test_the_commands_write_every_table(folder, tmp_path, capsys):
     assert by[("pi", "32")]["ppl"] == by[("none", "32")]["ppl"]  # s = 1: scored once, said so
     assert "same frequencies as none" in by[("pi", "32")]["reason"]
     assert by[("pi", "64")]["ppl"] != by[("none", "64")]["ppl"]
+    positions = results.read_rows(out / "positions.csv")
+    assert max(int(p["position_end"]) for p in positions if p["scaling"] == "none" and p["eval_len"] == "64") == 63
     assert all(math.isfinite(float(r["ppl"])) and r["status"] == "ok" for r in rows)
     windows = results.read_rows(out / "windows.csv")
     assert len([w for w in windows if w["scaling"] == "yarn" and w["eval_len"] == "32"]) == 4

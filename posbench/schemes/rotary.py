@@ -195,20 +195,34 @@ def turn_at(x: torch.Tensor, pos: torch.Tensor, inv: torch.Tensor) -> torch.Tens
     return torch.cat([rotate_half(x[..., :r], cos, sin), x[..., r:]], dim=-1)
 
 
+def far_queries(q: torch.Tensor, qpos: torch.Tensor, inv: torch.Tensor, scaling: RopeScaling,
+                window: int) -> torch.Tensor:
+    """q (..., Tq, D) at qpos, unrotated, turned for the policy's map beyond the window (with
+    `far_keys`): Self-Extend's grouped query positions, ReRoPE's w, or leaky ReRoPE's i + w(k - 1)
+    at frequencies / k, so that q.k reads floor(i/G) - floor(j/G) + W - W/G, w, or w + (i - j - w) / k."""
+    if scaling.kind == "self-extend":
+        return turn_at(q, self_extend_positions(qpos, scaling.group, window)[0], inv)
+    if scaling.leak:
+        return turn_at(q, qpos + window * (scaling.leak - 1), inv / scaling.leak)
+    return turn_at(q, torch.full_like(qpos, window), inv)
+
+
+def far_keys(k: torch.Tensor, kpos: torch.Tensor, inv: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
+    """k (..., Tk, D) at kpos, unrotated, turned for the far map: Self-Extend's floor(j/G), leaky
+    ReRoPE's j at frequencies / k; ReRoPE leaves the keys unrotated."""
+    if scaling.kind == "self-extend":
+        return turn_at(k, self_extend_positions(kpos, scaling.group, 0)[1], inv)
+    if scaling.leak:
+        return turn_at(k, kpos, inv / scaling.leak)
+    return k
+
+
 def two_map_scores(q: torch.Tensor, k: torch.Tensor, qpos: torch.Tensor, kpos: torch.Tensor, inv: torch.Tensor,
                    scaling: RopeScaling, window: int) -> torch.Tensor:
     """Self-Extend or ReRoPE q.k (unscaled): q (B, H, Tq, D) at qpos, k (B, H, Tk, D) at kpos, both
     unrotated -> (B, H, Tq, Tk), plain RoPE where i - j < W, the policy's map beyond."""
     near = turn_at(q, qpos, inv) @ turn_at(k, kpos, inv).transpose(-1, -2)
-    if scaling.kind == "self-extend":
-        grouped_q = self_extend_positions(qpos, scaling.group, window)[0]
-        grouped_k = self_extend_positions(kpos, scaling.group, window)[1]
-        far = turn_at(q, grouped_q, inv) @ turn_at(k, grouped_k, inv).transpose(-1, -2)
-    elif scaling.leak:  # leaky: frequencies / k, q at i + w(k - 1): relative w + (i - j - w) / k
-        slow = inv / scaling.leak
-        far = turn_at(q, qpos + window * (scaling.leak - 1), slow) @ turn_at(k, kpos, slow).transpose(-1, -2)
-    else:  # every relative position beyond w read as w: q rotated by w, k not at all
-        far = turn_at(q, torch.full_like(qpos, window), inv) @ k.transpose(-1, -2)
+    far = far_queries(q, qpos, inv, scaling, window) @ far_keys(k, kpos, inv, scaling).transpose(-1, -2)
     return torch.where(two_map_choice(qpos, window, kpos), near, far)
 
 
