@@ -255,6 +255,8 @@ def inspect(schemes: str | Iterable[str] | None = None, *, run: str | None = Non
         path = inspection.markdown(drawn, out_dir, "What each encoding looks like", notes)
     else:
         home = Path(runs_dir or "runs")
+        if run is not None and names:
+            raise PosbenchError("name schemes (with --runs-dir: its runs of them) or one run with --run, not both")
         if run is not None:
             runs = [home / run]
             if not (runs[0] / "config.json").exists():

@@ -32,7 +32,7 @@ from posbench.schemes import Dims, Scheme
 MAX_POSITIONS = 8192  # the similarity and bias pictures hold n x n matrices
 SAMPLES = 64  # random unit vectors averaged for the logit against distance
 MATRIX_FACTOR = 4  # the (T, T) bias matrix is drawn to 4L: the far corner of 16L is all one colour
-INPUT_HOOKS = {"input"}
+TABLE_HOOKS = {"input"}  # a vector per position (a mixer has none)
 LOGIT_HOOKS = {"qk", "logits"}
 
 
@@ -359,7 +359,7 @@ def pictures(scheme: Scheme, n: int, train_len: int, scalings=(), name: str | No
     hooks = set(scheme.hooks)
     out: list[Picture] = []
     limit = scheme.position_limit()
-    if hooks & INPUT_HOOKS:
+    if hooks & TABLE_HOOKS:
         m = min(n, limit) if limit else n
         vectors = position_vectors(scheme, m)
         out.append(Picture(name, "table", f"{name}: the vector each position adds (left) and the cosine "
@@ -471,13 +471,9 @@ def inspect_runs(runs: list[Path], task, lengths: tuple[int, ...] | None, out: P
 def write(drawn: list[Picture], out: Path, train_len: int) -> list[Picture]:
     for p in drawn:
         if p.kind in DRAW:
-            p.path = Path(out) / f"{_file_name(p.scheme)}-{p.kind}.png"
+            p.path = Path(out) / f"{layout.run_prefix(p.scheme)}-{p.kind}.png"
             DRAW[p.kind](p, train_len)
     return drawn
-
-
-def _file_name(name: str) -> str:
-    return layout.run_prefix(name)
 
 
 def markdown(drawn: list[Picture], out: Path, title: str, notes: list[str] = ()) -> Path:

@@ -127,6 +127,9 @@ def test_inspect_trained_runs_draws_learned_parameters_and_measures_attention(tr
     assert torch.equal(bias.data["bias"][:, 3], learned.bias_fn(torch.arange(4)[:, None], torch.tensor(15),
                                                                  torch.tensor(12)).float()[:, 0])
     assert {p.kind for p in frame.attrs["pictures"]} == {"bias", "attention", "attention_layers"}
+    assert main(["inspect", "t5", "--run", t5, "--runs-dir", str(trained), "--out", str(tmp_path / "x")]) == 2
+    assert main(["inspect", "--run", "t5-0000000000", "--runs-dir", str(trained), "--out", str(tmp_path / "x")]) == 2
+    assert "not both" in capsys.readouterr().err and not (tmp_path / "x").exists()
     # a forget gate only ever discounts: the last query's decay is 1 on itself and falls with distance
     frame = api.inspect(run=fox, runs_dir=trained, lengths="16", device="cpu", out=tmp_path / "two")
     (gates,) = [p for p in frame.attrs["pictures"] if p.kind == "gates"]
