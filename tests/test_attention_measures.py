@@ -128,3 +128,13 @@ def test_extrapolate_attention_cli(runs, tmp_path, capsys):
     assert (out / "attention.png").stat().st_size > 1000 and (out / "attention_layers.png").exists()
     assert main(["extrapolate", "--runs-dir", str(runs), "--tokens", "64", "--out", str(out)]) == 0
     assert len(results.read_rows(out / "attention.csv")) == len(rows)  # without --attention: untouched
+
+
+def test_report_merges_attention_tables_of_shards_without_duplicates(runs, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    extrapolate(runs, EvalConfig(lengths=(16,), tokens=64), ["rope"], out=a, device="cpu", attention=True)
+    extrapolate(runs, EvalConfig(lengths=(32,), tokens=64), ["rope"], out=b, device="cpu", attention=True)
+    for _ in range(2):  # merging the same shard again replaces its rows
+        assert main(["report", str(a), "--merge", str(b)]) == 0
+        rows = results.read_rows(a / "attention.csv")
+        assert len(rows) == 2 * 2 * 4 and {r["eval_len"] for r in rows} == {"16", "32"}
