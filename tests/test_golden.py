@@ -1,6 +1,7 @@
 """Golden logs (posbench.golden): a run compares to the bit on the golden's machine kind, so one
 ulp of one initial weight fails it; on another kind it compares within the tolerance."""
 
+import importlib.util
 import json
 import math
 import subprocess
@@ -77,21 +78,24 @@ def test_another_machine_kind_compares_within_the_tolerance(recorded, tmp_path, 
     assert "11 steps" in golden.check(other).line
 
 
-def test_the_script_checks_a_folder_and_refuses_a_damaged_file(recorded, tmp_path):
-    def script(*args):
-        return subprocess.run([sys.executable, str(ROOT / "scripts" / "golden.py"), *args],
-                              capture_output=True, text=True, timeout=300)
-
+def test_the_script_checks_a_folder_and_refuses_a_damaged_file(recorded, tmp_path, capsys):
     folder = tmp_path / "golden"
     folder.mkdir()
     (folder / "tiny.json").write_text(recorded.read_text())
-    done = script("check", "--dir", str(folder))
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "golden.py"), "check", "--dir", str(folder)],
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "golden tiny" in done.stdout and "exact" in done.stdout, done.stderr
+    loader = importlib.util.spec_from_file_location("golden_script", ROOT / "scripts" / "golden.py")
+    script = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(script)
+    assert script.main(["check", "--dir", str(folder), "--only", "nope"]) == 2
+    assert "no golden run 'nope'" in capsys.readouterr().err
     (folder / "tiny.json").write_text('{"name": "tiny"}')
-    done = script("check", "--dir", str(folder))
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "unreadable golden file" in done.stderr
-    done = script("check", "--dir", str(folder), "--only", "nope")
-    assert done.returncode == 2 and "no golden run 'nope'" in done.stderr
+    assert script.main(["check", "--dir", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unreadable golden file" in err
+    assert script.main(["check", "--dir", str(tmp_path / "nowhere")]) == 2
+    assert "no golden files" in capsys.readouterr().err
 
 
 def test_the_committed_golden_files_are_the_golden_runs():
