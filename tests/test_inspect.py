@@ -109,9 +109,7 @@ def trained(tiny_data, tmp_path_factory):
 
 def test_inspect_trained_runs_draws_learned_parameters_and_measures_attention(trained, tmp_path, capsys):
     out = tmp_path / "learned"
-    assert main(["inspect", "--runs-dir", str(trained), "--lengths", "16,32", "--device", "cpu",
-                 "--out", str(out)]) == 0
-    capsys.readouterr()
+    frame = api.inspect(runs_dir=trained, lengths="16,32", device="cpu", out=out)
     t5, fox = (next(p.name for p in trained.iterdir() if p.name.startswith(f"{s}-")) for s in ("t5", "fox"))
     assert (out / f"{t5}-bias.png").exists() and (out / f"{fox}-gates.png").exists()
     assert (out / "attention.png").exists() and (out / "attention_layers.png").exists()
@@ -119,20 +117,25 @@ def test_inspect_trained_runs_draws_learned_parameters_and_measures_attention(tr
     assert {r["run_id"] for r in rows} == {t5, fox} and {r["eval_len"] for r in rows} == {"16", "32"}
     page = (out / "inspect.md").read_text()
     assert all((out / link).exists() for link in re.findall(r"\]\(([^)]+)\)", page))
+    pictures = {(p.scheme, p.kind): p for p in frame.attrs["pictures"]}
     # the trained bias is the run's own learned one, not a fresh initialization
-    frame = api.inspect(run=t5, runs_dir=trained, lengths="16", device="cpu", out=tmp_path / "one")
-    (bias,) = [p for p in frame.attrs["pictures"] if p.kind == "bias"]
     _, model, _ = load_trained(trained / t5)
     learned = model.layout.schemes[0]
-    assert torch.equal(bias.data["bias"][:, 3], learned.bias_fn(torch.arange(4)[:, None], torch.tensor(15),
-                                                                 torch.tensor(12)).float()[:, 0])
-    assert {p.kind for p in frame.attrs["pictures"]} == {"bias", "attention", "attention_layers"}
+    expect = learned.bias_fn(torch.arange(4)[:, None], torch.tensor(31), torch.tensor(28)).float()[:, 0]
+    assert torch.equal(pictures[(t5, "bias")].data["bias"][:, 3], expect)
+    # a forget gate only ever discounts: the last query's decay is 1 on itself and falls with distance
+    decay = pictures[(fox, "gates")].data["decay"].flip(-1)  # (layers, H, T) by distance
+    assert decay.shape == (TINY_MODEL.n_layers, TINY_MODEL.n_heads, 32)  # the text: to the longest length
+    assert torch.allclose(decay[..., 0], torch.ones(1)) and (decay.diff(dim=-1) <= 1e-6).all()
+
+
+def test_inspect_one_run_on_the_command_line(trained, tmp_path, capsys):
+    t5 = next(p.name for p in trained.iterdir() if p.name.startswith("t5-"))
+    out = tmp_path / "one"
+    assert main(["inspect", "--run", t5, "--runs-dir", str(trained), "--lengths", "16", "--device", "cpu",
+                 "--out", str(out)]) == 0
+    assert f"{t5}-bias.png" in capsys.readouterr().out and (out / "inspect.md").exists()
+    assert {r["run_id"] for r in results.read_rows(out / "attention.csv")} == {t5}
     assert main(["inspect", "t5", "--run", t5, "--runs-dir", str(trained), "--out", str(tmp_path / "x")]) == 2
     assert main(["inspect", "--run", "t5-0000000000", "--runs-dir", str(trained), "--out", str(tmp_path / "x")]) == 2
     assert "not both" in capsys.readouterr().err and not (tmp_path / "x").exists()
-    # a forget gate only ever discounts: the last query's decay is 1 on itself and falls with distance
-    frame = api.inspect(run=fox, runs_dir=trained, lengths="16", device="cpu", out=tmp_path / "two")
-    (gates,) = [p for p in frame.attrs["pictures"] if p.kind == "gates"]
-    decay = gates.data["decay"].flip(-1)  # (layers, H, T) by distance
-    assert decay.shape == (TINY_MODEL.n_layers, TINY_MODEL.n_heads, 16)  # the text: to the longest length
-    assert torch.allclose(decay[..., 0], torch.ones(1)) and (decay.diff(dim=-1) <= 1e-6).all()
