@@ -370,21 +370,20 @@ def pictures(scheme: Scheme, n: int, train_len: int, scalings=(), name: str | No
         if hasattr(scheme, "set_scaling"):
             variants.update({s.label: s for s in scalings if s.kind != "none"})
         logits, angles = {}, {}
+        before = getattr(scheme, "scaling", None)
         for label, scaling in variants.items():
             if scaling is not None:
                 scheme.set_scaling(scaling)
             try:
                 logits[label] = logit_by_distance(scheme, n)
-                if "qk" in scheme.hooks:
+                if "qk" in scheme.hooks:  # a two-map scaling (self-extend, rerope) forms logits instead
                     try:
                         angles[label] = pair_angles(scheme, n, train_len)
                     except PosbenchError:
                         pass  # no pairs that turn (a widened head): the logits say it all
             finally:
                 if scaling is not None:
-                    from posbench.schemes.rotary import RopeScaling
-
-                    scheme.set_scaling(RopeScaling())
+                    scheme.set_scaling(before)
         out.append(Picture(name, "logits", f"{name}: the logit of the last query on a key at each distance, "
                            "for independent random unit q, k (left, mean and spread) and for q = k (right)",
                            data=logits))
