@@ -383,7 +383,7 @@ def extrapolate(spec: str, cfg: EvalConfig, data: str, out: Path, task: str, pro
                 **results.provenance("cpu", "float32", fingerprint)}
     for table in ("windows", "extrapolation", "positions"):
         results.read_rows(results.table_path(out, table))  # a damaged table fails before any is written
-    rows, positions, per_window = [], [], []
+    rows = []
     scored: dict[tuple, tuple] = {}  # distinct forwards -> (total, count, starts, window losses, label)
     with Bar(progress) as bar:
         for scaling in scalings:
@@ -402,11 +402,10 @@ def extrapolate(spec: str, cfg: EvalConfig, data: str, out: Path, task: str, pro
                 rows.append({**row, "tokens": int(count.sum()), "loss": loss, "ppl": math.exp(loss),
                              **loss_interval(loss, window_loss.tolist(), correlated_windows(cfg.mode, length, row["stride"])),
                              "status": "ok" if math.isfinite(loss) else "failed", "reason": reason})
-                positions += position_rows(row, total, count, cfg.position_buckets)
-                per_window += window_rows(row, starts, window_loss)
-    results.merge_rows(out, "windows", per_window)
-    results.merge_rows(out, "extrapolation", rows)
-    results.merge_rows(out, "positions", positions)
+                # each cell as it is done: a long reading stopped midway keeps what it measured
+                results.merge_rows(out, "windows", window_rows(row, starts, window_loss))
+                results.merge_rows(out, "positions", position_rows(row, total, count, cfg.position_buckets))
+                results.merge_rows(out, "extrapolation", rows[-1:])
     return rows
 
 
