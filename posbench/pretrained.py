@@ -529,5 +529,5 @@ def passkey(spec: str, cfg: ProbesConfig, eval_cfg: EvalConfig, lengths: tuple[i
                                   "scaling": scaling.label, "extension": "none", "backend": m.backend, **cell,
                                   **verdict_columns(cell), "status": "ok", "reason": reason})
             rows += gate(group, eval_cfg.learned_threshold)
-    results.merge_rows(out, "probes", rows)
+            results.merge_rows(out, "probes", rows[-len(group):])  # each policy as it is done
     return rows
