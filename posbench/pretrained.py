@@ -431,8 +431,8 @@ def score(m: Pretrained, stream: torch.Tensor, length: int, cfg: EvalConfig, bar
 class Bar:
     """A progress bar per window on a terminal; a line per window otherwise (a log shows progress)."""
 
-    def __init__(self, progress: bool):
-        self.progress = progress
+    def __init__(self, progress: bool, unit: str = "window"):
+        self.progress, self.unit = progress, unit
         self.job = None
         self.label, self.done, self.total = "", 0, 0
 
@@ -457,7 +457,7 @@ class Bar:
         if self.progress:
             self.bar.update(self.job, advance=1, description=f"{self.label}: {note}")
         else:
-            say(f"{self.label}: window {self.done}/{self.total}, {note}")
+            say(f"{self.label}: {self.unit} {self.done}/{self.total}, {note}")
 
 
 def passkey_prompt(tok, length: int, depth: float, key: str) -> list[int]:
@@ -506,7 +506,7 @@ def passkey(spec: str, cfg: ProbesConfig, eval_cfg: EvalConfig, lengths: tuple[i
                 **extension_columns(None), "position_draws": 0,
                 **results.provenance("cpu", "float32", f"{m.tokenizer.__class__.__name__}-{m.sha256[:12]}")}
     rows, judged = [], {}
-    with Bar(progress) as bar:
+    with Bar(progress, "prompt") as bar:
         for scaling in scalings:
             m.set_scaling(scaling)
             group = []

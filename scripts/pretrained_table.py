@@ -50,7 +50,8 @@ def perplexity(directory: Path) -> list[str]:
 
 
 def inside_and_past(directory: Path) -> list[str]:
-    """Per policy and length past train_len: perplexity over the buckets below and above train_len."""
+    """Per policy and length past train_len: perplexity over the position buckets below and past the
+    first bucket edge at or past train_len."""
     extrapolation = results.read_rows(results.table_path(directory, "extrapolation"))
     train_len = {int(r["train_len"]) for r in extrapolation}.pop()
     groups = defaultdict(list)
@@ -59,8 +60,8 @@ def inside_and_past(directory: Path) -> list[str]:
             groups[(p["scaling"], int(p["eval_len"]))].append(p)
     out = ["| policy | length | positions | ppl | positions | ppl |", "|---|---|---|---|---|---|"]
     for (scaling, n), buckets in sorted(groups.items(), key=lambda kv: (kv[0][1], order(kv[0][0]))):
-        # the bucket holding train_len splits the window: below it, and from it to the end
-        cut = next(int(b["position_start"]) for b in buckets if int(b["position_end"]) >= train_len)
+        # split at the first bucket edge at or past train_len (the buckets are log-spaced: the bounds are shown)
+        cut = min(int(b["position_start"]) for b in buckets if int(b["position_start"]) >= train_len)
         sides = []
         for keep in (lambda b: int(b["position_end"]) < cut, lambda b: int(b["position_start"]) >= cut):
             chosen = [b for b in buckets if keep(b)]
