@@ -642,6 +642,28 @@ steps = 300
 """
 
 
+def train_spec(task_path, data):
+    """The spec `posbench train --task TASK --data DATA` trains, caught before any training."""
+    from posbench import api, training
+
+    caught = []
+
+    class Caught(Exception):
+        pass
+
+    def catch(spec, *args, **kwargs):
+        caught.append(spec)
+        raise Caught
+
+    real, training.train = training.train, catch
+    try:
+        with pytest.raises(Caught):
+            api.train(task=str(task_path), data=data, scheme="rope")
+    finally:
+        training.train = real
+    return caught[0]
+
+
 def test_a_probe_trains_with_its_own_settings(tmp_path):
     from posbench.grid import grid
 
@@ -657,10 +679,7 @@ def test_a_probe_trains_with_its_own_settings(tmp_path):
         assert (run.train.train_len, run.train.steps) == ((32, 300) if copy else (128, 100))
     randomized = [r for r in runs if r.train.randomize_positions]
     assert len(randomized) == 3 and all(r.scheme == "rope" for r in randomized)
-    from posbench.cli import _task_with_overrides
-
-    cli_task = _task_with_overrides(str(path), "copy", *[None] * 12)
-    assert cli_task.train == task.train_for("copy")
+    assert train_spec(path, "copy").train == task.train_for("copy")  # `posbench train --data copy` alike
     # probes are scored at 1x..8x their own training length
     assert probing.lengths_for(task.probes, task.train_for("copy").train_len) == (32, 64, 128, 256)
 

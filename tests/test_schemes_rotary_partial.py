@@ -74,8 +74,8 @@ def test_scaling_acts_on_the_rotated_dims():
 
 @pytest.mark.parametrize("name, fraction, message", [
     ("rope", 0.125, "fraction=0.125 rotates r = floor(p * 8) = 1 dims of the head; r must be even"),
-    ("rope", 1.5, "fraction must be in [0, 1], got 1.5"),
-    ("p-rope", -0.5, "fraction must be in [0, 1], got -0.5"),
+    ("rope", 1.5, "fraction of scheme 'rope' must be in [0, 1], got 1.5"),
+    ("p-rope", -0.5, "fraction of scheme 'p-rope' must be in [0, 1], got -0.5"),
 ])
 def test_fractions_that_give_no_valid_rotation_are_refused(name, fraction, message):
     with pytest.raises(PosbenchError, match=re.escape(message)):
