@@ -24,7 +24,7 @@ from posbench.errors import PosbenchError
 from posbench.paired import paired
 from posbench.report import label
 
-PAIRS = "yarn:pi,ntk:pi,pose+yarn:plain,pose+yarn:yarn,longrope:yarn,plain:parent"
+PAIRS = "yarn:pi,ntk:pi,pose+yarn:plain,pose+yarn:yarn,longrope:yarn,plain:parent,drope:yarn,drope:pose+yarn,drope:parent"
 
 
 def cell(values) -> str:
@@ -56,6 +56,10 @@ def perplexity_table(out: Path, lengths: tuple[int, ...]) -> list[str]:
 def paired_table(out: Path, lengths: tuple[int, ...], pairs: list[tuple[str, str]]) -> list[str]:
     ext = results.read_rows(results.table_path(out, "extrapolation"))
     children = {label({**r, "scaling": "none"}) for r in ext if r["extend_method"]}
+    # a child's counterparts are named by its parent's scheme (a drope child of rope is `none>drope`)
+    runs = {r["run_id"]: r for r in results.read_rows(results.table_path(out, "runs"))}
+    parent_scheme = {label({**r, "scaling": "none"}): runs[runs[r["run_id"]]["parent_run"]]["scheme"]
+                     for r in ext if r["extend_method"] and runs.get(runs.get(r["run_id"], {}).get("parent_run"))}
     lines = ["| A vs B | seeds | " + " | ".join(f"A/B at {n}" for n in lengths) + " |",
              "|---|---|" + "---|" * len(lengths)]
     for a_method, b_method in pairs:
@@ -64,7 +68,8 @@ def paired_table(out: Path, lengths: tuple[int, ...], pairs: list[tuple[str, str
             method, budget = rest.split("@")
             if method != a_method:
                 continue
-            b = scheme if b_method == "parent" else f"{scheme}>{b_method}@{budget}"
+            parent = parent_scheme.get(child, scheme)
+            b = parent if b_method == "parent" else f"{parent}>{b_method}@{budget}"
             try:
                 rows = {r["eval_len"]: r for r in paired(out, child, b, lengths)}
             except PosbenchError:
