@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from posbench import results
+
 MEASURES = ("entropy", "entropy_norm", "distance", "sink_mass", "far_mass")
 
 
@@ -151,10 +153,7 @@ def plot(rows, path: Path, extrapolation=None) -> Path:
     axes.flat[0].legend(fontsize=7, ncol=2)
     fig.suptitle("Attention by length (mean over layers and heads; dashed: training length)", fontsize=11)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return results.save_figure(fig, path, 110)
 
 
 def plot_layers(rows, path: Path, measure: str = "entropy_norm") -> Path:
@@ -186,7 +185,4 @@ def plot_layers(rows, path: Path, measure: str = "entropy_norm") -> Path:
     axes[0][0].set_ylabel(LABELS[measure])
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return results.save_figure(fig, path, 110)

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from posbench import layout
+from posbench import layout, results
 from posbench.errors import PosbenchError
 from posbench.schemes import Dims, Scheme
 
@@ -224,10 +224,7 @@ def _mark(ax, train_len: int, axis: str = "x") -> None:
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    _plt().close(fig)
-    return path
+    return results.save_figure(fig, path, 100)
 
 
 def draw_table(p: Picture, train_len: int) -> None:
