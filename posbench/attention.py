@@ -198,7 +198,7 @@ def prepare(scheme, pos: torch.Tensor, backend: str, span: Span = FULL,
     t = pos.shape[0]
     if backend == "flex":
         if "bias" in scheme.hooks:
-            fn = scheme.bias_fn
+            fn = scheme.flex_bias_fn()
 
             def score_mod(score, b, h, q_idx, kv_idx):
                 return score + fn(h, pos[q_idx], pos[kv_idx])
@@ -225,12 +225,15 @@ def gate_bias(c: torch.Tensor) -> torch.Tensor:
 
 def gated_score_mod(c: torch.Tensor, inner):
     """FlexAttention's score_mod for a gate c (B, H, T), after `inner` (the bias's, or None). A
-    new closure each layer and forward: the compiled kernel takes c as an input, not a constant."""
+    new closure each layer and forward: the compiled kernel takes c as an input, not a constant.
+    The keys read a copy of c: CUDA's compiled backward refuses a tensor that needs gradients
+    indexed twice in one score_mod (Scheme.flex_bias_fn)."""
+    c_key = c.clone()
 
     def score_mod(score, b, h, q_idx, kv_idx):
         if inner is not None:
             score = inner(score, b, h, q_idx, kv_idx)
-        return score + (c[b, h, q_idx] - c[b, h, kv_idx])
+        return score + (c[b, h, q_idx] - c_key[b, h, kv_idx])
 
     return score_mod
 

@@ -243,6 +243,14 @@ class Scheme(nn.Module):
     def bias_fn(self, h: torch.Tensor, qpos: torch.Tensor, kpos: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def flex_bias_fn(self):
+        """`bias_fn` as FlexAttention's score_mod reads it, made once per forward. On CUDA the
+        compiled backward of a score_mod takes a learned tensor that the score_mod indexes once
+        and computes nothing on before indexing; a scheme whose bias_fn indexes a parameter
+        twice, or transforms it first (softplus, a hidden unit's weights), returns here a
+        function over tensors computed outside, each indexed once."""
+        return self.bias_fn
+
     def bias(self, pos: torch.Tensor, ctx: Any = None) -> torch.Tensor:
         """The materialized (H, T, T) bias: `bias_fn` on broadcast indices."""
         h = torch.arange(self.n_heads, device=pos.device)[:, None, None]

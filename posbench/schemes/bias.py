@@ -156,13 +156,19 @@ class Kerple(Scheme):
         return r1, 2 * torch.sigmoid(self.raw2)
 
     def bias_fn(self, h, qpos, kpos):
-        r1, r2 = self.coefficients()
-        r1, r2 = r1[h], r2[h]
-        d = (qpos - kpos).abs()
-        if self.variant == "log":
-            return -r1 * torch.log1p(r2 * d)
-        # d^r2 at d = 0 is 0, but its gradient in r2 (0^r2 log 0) is not: keep d = 0 out of pow
-        return -r1 * torch.where(d > 0, d.clamp(min=1) ** r2, 0.0)
+        return self.flex_bias_fn()(h, qpos, kpos)
+
+    def flex_bias_fn(self):
+        r1, r2 = self.coefficients()  # outside the score_mod: each then indexed once
+
+        def fn(h, qpos, kpos):
+            d = (qpos - kpos).abs()
+            if self.variant == "log":
+                return -r1[h] * torch.log1p(r2[h] * d)
+            # d^r2 at d = 0 is 0, but its gradient in r2 (0^r2 log 0) is not: keep d = 0 out of pow
+            return -r1[h] * torch.where(d > 0, d.clamp(min=1) ** r2[h], 0.0)
+
+        return fn
 
 
 @register
@@ -212,11 +218,22 @@ class Fire(Scheme):
         return rel / norm
 
     def bias_fn(self, h, qpos, kpos):
-        x = self.normalized(qpos, kpos)
-        out = self.b2[h]
-        for u in range(self.p["width"]):
-            out = out + self.w2[h, u] * self.activation(self.w1[u] * x + self.b1[u])
-        return out
+        return self.flex_bias_fn()(h, qpos, kpos)
+
+    def flex_bias_fn(self):
+        # one tensor per hidden unit and weight, each indexed once in the score_mod; copies, not
+        # views: FlexAttention's compiled backward drops the gradient of a captured view
+        units = [(self.w1[u: u + 1].clone(), self.b1[u: u + 1].clone(), self.w2[:, u].clone())
+                 for u in range(self.p["width"])]
+
+        def fn(h, qpos, kpos):
+            x = self.normalized(qpos, kpos)
+            out = self.b2[h]
+            for w1, b1, w2 in units:
+                out = out + w2[h] * self.activation(w1[0] * x + b1[0])
+            return out
+
+        return fn
 
     def bias(self, pos, ctx=None):
         """(H, T, T): the same MLP as a matmul, over blocks of query rows to bound memory."""
