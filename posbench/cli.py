@@ -100,7 +100,8 @@ def check_cmd(
 ) -> int:
     """Conformance report of a scheme: causality on every path, claimed translation invariance,
     behaviour past the training length, paths agreeing, batch independence, determinism,
-    save/load, gradients, bfloat16, one compiled graph, cost. Exit 1 on any fail."""
+    save/load, gradients, bfloat16, one compiled graph, FlexAttention's backward as CUDA compiles
+    it, cost. Exit 1 on any fail."""
     from posbench import api
 
     findings = api.check(scheme, param=param, skip=skip).attrs["rows"]

@@ -12,21 +12,27 @@ smallest FlexAttention takes) at training length 16 and answers pass, warn or fa
 - batch independence, determinism (same seed, same bits), save/load round trip, gradients
   reaching every parameter of the scheme, a finite bfloat16 forward;
 - one compiled graph (torch._dynamo.explain), a warn naming the break otherwise;
+- flex backward: a scheme that takes FlexAttention on CUDA, forced onto that path here and
+  compiled up to kernel generation, passes the check CUDA's compiler makes of each backward
+  graph (a learned tensor indexed once in the score_mod), with the explicit path's gradients;
 - cost: forward+backward time at two lengths as ratios to `none` and `rope`, medians of the same
   run (a warn above 10x rope at the longer length: it is a reading, not a rule).
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import statistics
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 from safetensors.torch import load, save
 
-from posbench import layout
+from posbench import attention, layout
 from posbench.errors import PosbenchError
 from posbench.model import ModelConfig, Transformer
 from posbench.schemes import Dims, PositionLimitError
@@ -38,7 +44,7 @@ ATOL = 1e-5  # float32 noise of two computations of one output
 SHIFT_ATOL = 1e-6  # a relative scheme's outputs under a shift (see tests/test_scheme_properties.py)
 COST_LENGTHS = (128, 512)
 PROPERTIES = ("causality", "translation", "past training length", "paths agree", "batch independence",
-              "determinism", "save/load", "gradients", "bfloat16", "compiled graph", "cost")
+              "determinism", "save/load", "gradients", "bfloat16", "compiled graph", "flex backward", "cost")
 
 
 @dataclass(frozen=True)
@@ -235,6 +241,64 @@ def compiled_graph(name, params) -> Finding:
     return Finding("compiled graph", "warn", f"{explained.graph_count} graphs: {reasons[:300]}")
 
 
+@contextlib.contextmanager
+def checked_flex(checked: list):
+    """FlexAttention on this device (a CPU too) as CUDA trains it, up to the kernel: compiled with
+    a backend that runs the dense reference and, before handing back each backward graph, applies
+    to its FlexAttention joint graphs the check CUDA's compiler makes before generating a kernel
+    (torch._inductor's validate_joint_graph). Each graph checked is appended to `checked`."""
+    import torch.nn.attention.flex_attention as flex_module
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.kernel.flex.flex_attention import validate_joint_graph
+
+    def backward(gm, example_inputs):
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and "flex_attention_backward" in str(node.target):
+                for arg in node.args:
+                    if isinstance(arg, torch.fx.Node) and arg.op == "get_attr":
+                        validate_joint_graph(getattr(gm, arg.target).graph)
+                        checked.append(arg.target)
+        return make_boxed_func(gm)
+
+    backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm), bw_compiler=backward)
+    saved = flex_module._validate_device, attention._compiled_flex
+    flex_module._validate_device = lambda *args: None  # a CPU refuses the backward before tracing
+    attention._compiled_flex = lambda: torch.compile(attention._flex(), backend=backend, dynamic=False)
+    torch._dynamo.reset()
+    try:
+        yield
+    finally:
+        flex_module._validate_device, attention._compiled_flex = saved
+        torch._dynamo.reset()
+
+
+def flex_backward(name, params) -> Finding:
+    model = build(name, params).train()
+    if "flex" not in {model.layout.backend(i, "cuda") for i in range(len(model.blocks))}:
+        return Finding("flex backward", "skip", "no layer takes FlexAttention on CUDA")
+    if not attention.flex_available():
+        return Finding("flex backward", "skip", "no FlexAttention in this torch")
+    reference = copy.deepcopy(model)
+    model.backend, reference.backend = "flex", "explicit"
+    x = _tokens(2, T)
+    checked: list = []
+    try:
+        with checked_flex(checked), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model(x, targets=x).mean().backward()
+    except NotImplementedError as e:
+        return Finding("flex backward", "fail", str(e).splitlines()[0][:300])
+    reference(x, targets=x).mean().backward()
+    gap = max((float((a.grad - b.grad).abs().max()) for a, b in zip(model.parameters(), reference.parameters())
+               if a.grad is not None and b.grad is not None), default=0.0)
+    lost = [n for (n, a), b in zip(model.named_parameters(), reference.parameters())
+            if (a.grad is None) != (b.grad is None)]
+    if lost or gap > 1e-4:
+        return Finding("flex backward", "fail", f"gradients differ from the explicit path: {lost or f'{gap:.1e}'}")
+    return Finding("flex backward", "pass", f"{len(checked)} backward graphs pass CUDA's check; gradients {gap:.1e}")
+
+
 def cost(name, params, repeats: int = 5) -> Finding:
     """Forward+backward seconds at each length, the medians as ratios to none and rope, measured
     interleaved in this run."""
@@ -262,7 +326,7 @@ CHECKS: dict[str, Callable[[str, dict], Finding]] = {
     "causality": causality, "translation": translation, "past training length": past_training_length,
     "paths agree": paths_agree, "batch independence": batch_independence, "determinism": determinism,
     "save/load": save_load, "gradients": gradients, "bfloat16": bfloat16, "compiled graph": compiled_graph,
-    "cost": cost,
+    "flex backward": flex_backward, "cost": cost,
 }
 
 

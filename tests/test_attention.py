@@ -141,46 +141,19 @@ def test_flex_on_cuda_agrees_with_explicit_forward_and_gradients(name):
                 assert torch.allclose(pa.grad, pb.grad, atol=1e-4, rtol=1e-3), n
 
 
-def checked_flex_backend(checked: list):
-    """A torch.compile backend under which FlexAttention runs its dense reference (on CPU too)
-    and every backward graph's FlexAttention joint graph first passes the check CUDA's compiler
-    makes of it before generating a kernel (torch._inductor's validate_joint_graph: a captured
-    tensor that needs gradients may be indexed once)."""
-    from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._inductor.kernel.flex.flex_attention import validate_joint_graph
-
-    def backward(gm, example_inputs):
-        for node in gm.graph.nodes:
-            if node.op == "call_function" and "flex_attention_backward" in str(node.target):
-                for arg in node.args:
-                    if isinstance(arg, torch.fx.Node) and arg.op == "get_attr":
-                        validate_joint_graph(getattr(gm, arg.target).graph)
-                        checked.append(arg.target)
-        return make_boxed_func(gm)
-
-    return aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm), bw_compiler=backward)
-
-
 @needs_flex
 @pytest.mark.parametrize("name", FLEX + ["rope+sink", "alibi+sink", "rope@w"])
-def test_flex_backward_graphs_pass_cuda_compiler_check_and_gradients_agree(name, monkeypatch):
+def test_flex_backward_graphs_pass_cuda_compiler_check_and_gradients_agree(name):
     """What the CUDA test above needs a GPU for, on CPU: the model on the flex path, compiled
     as on CUDA up to the kernel generation, its FlexAttention backward graphs checked as CUDA's
     compiler checks them (kerple, fire and fox once failed there: a learned tensor indexed twice
     in their score_mods), and its loss and gradients against the explicit path."""
     import copy
 
-    import torch.nn.attention.flex_attention as flex_module
-
+    from posbench.conformance import checked_flex
     from posbench.model import ModelConfig, Transformer
 
     checked: list = []
-    backend = checked_flex_backend(checked)
-    monkeypatch.setattr(flex_module, "_validate_device", lambda *args: None)  # CPU refuses backward early
-    monkeypatch.setattr(attention, "_compiled_flex",
-                        lambda: torch.compile(attention._flex(), backend=backend, dynamic=False))
-    torch._dynamo.reset()
     torch.manual_seed(1)
     dims = Dims(d_model=H * D, n_heads=H, n_layers=2, vocab_size=50, train_len=64, max_position=256)
     fast = Transformer(ModelConfig(50, H * D, 2, H), layout.build(name, dims)).train()
@@ -191,7 +164,7 @@ def test_flex_backward_graphs_pass_cuda_compiler_check_and_gradients_agree(name,
             p.add_(torch.randn_like(p) * 0.1)
     slow.load_state_dict(fast.state_dict())
     x = torch.randint(0, 50, (2, 40))
-    with warnings.catch_warnings():
+    with checked_flex(checked), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         la = fast.token_losses(x, x).mean()
         la.backward()

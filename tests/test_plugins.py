@@ -64,6 +64,11 @@ NAN_PAST = GOOD.replace('name = "{name}"', 'name = "nan-past"').replace(
     "b = -self.slope[h] * (qpos - kpos).clamp(min=0)\n        return torch.where(qpos >= self.dims.train_len, "
     "torch.full_like(b, float('nan')), b)").replace("{{", "{").replace("}}", "}")
 
+INDEXED_TWICE = GOOD.replace('name = "{name}"', 'name = "indexed-twice"').replace(
+    "return -self.slope[h] * (qpos - kpos).clamp(min=0)",
+    "return -torch.nn.functional.softplus(self.slope)[h] * (qpos - kpos).clamp(min=0)").replace(
+    "{{", "{").replace("}}", "}")
+
 
 @pytest.fixture
 def registry():
@@ -221,7 +226,8 @@ def test_check_passes_every_builtin_scheme_and_preset():
 
 
 @pytest.mark.parametrize("source, prop", [(PEEKS, "causality"), (FALSE_RELATIVE, "translation"),
-                                          (NAN_PAST, "past training length")])
+                                          (NAN_PAST, "past training length"),
+                                          (INDEXED_TWICE, "flex backward")])
 def test_check_catches_planted_defects(registry, tmp_path, monkeypatch, capsys, source, prop):
     monkeypatch.chdir(tmp_path)
     write(tmp_path / "defect.py", source)
@@ -237,7 +243,7 @@ def test_check_of_a_good_plugin_passes_with_cost_and_graph(registry, tmp_path, m
     write(tmp_path / "my_pe.py", GOOD.format(name="my-pe"))
     assert main(["check", "my-pe", "--plugin", "my_pe.py", "--param", "scale=0.25"]) == 0
     out = capsys.readouterr().out
-    assert "pass compiled graph" in out and "x rope" in out and "11 of 11" in out
+    assert "pass compiled graph" in out and "pass flex backward" in out and "x rope" in out and "12 of 12" in out
     assert main(["check", "my-pe", "--param", "sclae=1"]) == 2
     assert "did you mean 'scale'" in capsys.readouterr().err
 
