@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from posbench import config, plugins
-from posbench.errors import Interrupted, PosbenchError, did_you_mean
+from posbench.errors import Interrupted, PosbenchError, did_you_mean, out_of_memory
 from posbench.schemes.rotary import SCALINGS
 
 # typer may vendor its own click: catch both.
@@ -708,18 +708,11 @@ def _one_line(e: BaseException) -> int:
         err.print(f"error: {_file_system_error(e)}", markup=False, highlight=False, soft_wrap=True)
         return 2
     except (MemoryError, RuntimeError) as e:
-        if not _out_of_memory(e):
+        if not out_of_memory(e):
             raise
         err.print("error: out of memory; use a smaller batch size, length or model", markup=False,
                   highlight=False, soft_wrap=True)
         return 2
-
-
-def _out_of_memory(e: BaseException) -> bool:
-    """torch reports a failed CPU allocation as a plain RuntimeError, a CUDA one as its own type."""
-    text = str(e)
-    return (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
-            or "can't allocate memory" in text or "out of memory" in text)
 
 
 def _file_system_error(e: OSError) -> str:

@@ -9,8 +9,16 @@ class PosbenchError(Exception):
 
 
 class RunFailed(PosbenchError):
-    """A training run that diverged (NaN loss): recorded as failed in runs.csv, so that a grid can
-    go on with its other runs."""
+    """A training run that diverged (NaN loss) or whose step the device's kernels refused (a
+    compiler's error on a GPU): recorded as failed in runs.csv, so that a grid can go on with its
+    other runs."""
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """torch reports a failed CPU allocation as a plain RuntimeError, a CUDA one as its own type."""
+    text = str(e)
+    return (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
+            or "can't allocate memory" in text or "out of memory" in text)
 
 
 class Interrupted(PosbenchError):

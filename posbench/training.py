@@ -21,7 +21,7 @@ import torch
 from posbench import batches, flops, layout, plugins, results, trackers
 from posbench.config import TrainConfig, build, stable_hash
 from posbench.data import DataConfig, TokenData, check_probe_corpus, is_probe, load_tokens, probe_corpus, unigram_loss
-from posbench.errors import Interrupted, PosbenchError, RunFailed, on_interrupt
+from posbench.errors import Interrupted, PosbenchError, RunFailed, on_interrupt, out_of_memory
 from posbench.extension import Extension, columns as extension_columns
 from posbench.model import ModelConfig, Transformer
 from posbench.probes import PROBES, probe_name
@@ -466,6 +466,13 @@ class TrainResult:
     skipped: bool = False
 
 
+def first_line(e: BaseException) -> str:
+    """The first non-empty line of an error's message (a compiler's runs to dozens, the cause
+    first), at most 300 characters."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return (lines[0] if lines else type(e).__name__)[:300]
+
+
 def _write_log(run_dir: Path, rows: list[dict[str, Any]]) -> None:
     # Losses at full precision: a resumed run's final_train_loss averages logged values, and
     # must equal the uninterrupted run's.
@@ -663,7 +670,14 @@ def _train(spec, runs_dir, run_dir, dev, ddp: Distributed, resume, progress, dat
                     group["lr"] = lr_at(step, t)
                 drawn = source.sample(gen)
                 batch = ddp.local(drawn).to(dev)
-                value = net.first_step(lambda: forward_backward(batch))
+                try:
+                    value = net.first_step(lambda: forward_backward(batch))
+                except (RuntimeError, NotImplementedError) as e:
+                    # a kernel this device refused (a compiler's error in the backward on a GPU):
+                    # this run fails and a grid goes on; running out of memory stays the error
+                    if out_of_memory(e):
+                        raise
+                    fail(f"{type(e).__name__} at step {step}: {first_line(e)}")
                 row_base["compile"] = net.status  # "fallback" once the first step failed to compile
                 torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
                 opt.step()

@@ -615,6 +615,27 @@ def test_a_nan_run_does_not_stop_the_grid(corpus_dir, capsys, tmp_path, monkeypa
     assert runs["rope"]["run_id"] in (out / "report.md").read_text()
 
 
+def test_a_kernel_that_fails_in_training_does_not_stop_the_grid(corpus_dir, capsys, tmp_path, monkeypatch):
+    """A step the device's kernels refuse (as CUDA's compiler refused a FlexAttention backward):
+    that run is recorded as failed with the error's first line, the others go on; out of memory
+    stays the one-line error it was."""
+    from posbench.schemes.rotary import RoPE
+
+    def refused(self, q, k, pos, ctx, layer):
+        raise NotImplementedError("Using multiple indexing operations is not supported.\nA workaround: clone()")
+
+    monkeypatch.setattr(RoPE, "rotate", refused)
+    task = tmp_path / "two.toml"
+    task.write_text('schemes = ["rope", "alibi"]\n' + TINY_TASK.format(corpus=corpus_dir))
+    out = tmp_path / "out"
+    fails(["run", task, "--out", out, "--no-speed", "--device", "cpu"], capsys, "training failed for rope-", code=1)
+    runs = {r["scheme"]: r for r in results.read_rows(results.table_path(out, "runs"))}
+    assert runs["rope"]["status"] == "failed"
+    assert runs["rope"]["message"] == ("NotImplementedError at step 0: Using multiple indexing operations is not "
+                                       "supported.")
+    assert runs["alibi"]["status"] == "ok"
+
+
 def test_out_of_memory_one_line(trained, capsys, tmp_path, monkeypatch):
     from posbench import batches
 
