@@ -364,7 +364,8 @@ def run(
     tracker: Optional[str] = typer.Option(None, help=TRACKER_HELP),
 ) -> int:
     """Run a whole grid: train every scheme x seed, extrapolate, time kernels, write the report.
-    Exit 1 when a run failed (NaN loss): the others are trained, evaluated and reported."""
+    Exit 1 when a run failed (NaN loss, a kernel the device refused): the others are trained,
+    evaluated and reported."""
     from posbench import grid, report, trackers
 
     began = time.perf_counter()

@@ -103,7 +103,7 @@ def evaluated(out: Path, table: str, expected: set[tuple[str, ...]]) -> bool:
 def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resume: bool = False,
              device: str = "auto", progress: bool = False, speed: bool = True, log=print) -> dict:
     """Run (this shard of) the grid into `out`. Returns counts of what was done and skipped, and
-    the run_ids whose training failed (NaN loss): those are recorded as failed in runs.csv and
+    the run_ids whose training failed (NaN loss, a kernel refused): those are recorded as failed in runs.csv and
     left out of evaluation, and the grid goes on with the others."""
     from rich.progress import Progress
 
