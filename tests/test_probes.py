@@ -711,3 +711,16 @@ def test_needle_values_are_one_symbol_unless_digits_are_asked(name):
     if name == "multivalue":  # the values of one key differ
         e = parse_probe(name).example(random.Random(4), 64)
         assert len({e.tokens[a[0]] for a in e.answers}) == 4
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sizes_computed_once_give_the_examples_computed_afresh(name):
+    """A probe remembers its shortest example and its instance size per length: one probe drawing
+    many examples gives the examples that a new probe gives for each."""
+    shared = parse_probe(name)
+    length = shared.min_length() + 13
+    for seed in range(40):
+        fresh = parse_probe(name)
+        n = random.Random(seed).randint(shared.min_length(), length)
+        assert shared.example(random.Random(seed), n) == fresh.example(random.Random(seed), n)
+        assert shared.training_example(random.Random(seed), length) == fresh.training_example(random.Random(seed), length)

@@ -117,6 +117,10 @@ class Probe:
 
     def __init__(self, **values: Any):
         self.opts = {**self.options, **values}
+        # min_length and size_for(length) depend on the options alone: each is computed once
+        # (drawing a whole instance per call made them most of the cost of a training batch)
+        self._sizes: dict[int, int] = {}
+        self._min_length: int | None = None
 
     def __getattr__(self, key: str) -> Any:
         opts = self.__dict__.get("opts", {})
@@ -192,13 +196,20 @@ class Probe:
 
     def min_length(self) -> int:
         """The shortest example: the smallest instance with no filler."""
-        return fixed_tokens(self.instance(random.Random(0), 1, None))
+        if self._min_length is None:
+            self._min_length = fixed_tokens(self.instance(random.Random(0), 1, None))
+        return self._min_length
+
+    def _size(self, length: int) -> int:
+        if length not in self._sizes:
+            self._sizes[length] = self.size_for(length)
+        return self._sizes[length]
 
     def example(self, rng: random.Random, length: int, variant: Any = None) -> Example:
         """One example of exactly `length` tokens."""
         if not self.sized:
             return render(self.instance(rng, 0, variant), length, self.name)
-        size = self.size_for(length)
+        size = self._size(length)
         if size < 1:
             raise PosbenchError(f"{self.name} length {length} is too short: an example needs at least "
                                 f"{self.min_length()} tokens")
