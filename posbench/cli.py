@@ -464,7 +464,7 @@ def compare(
     if all_rows or any(e["verdict"] != "same" for e in cmp.rows):  # no empty table when all agree
         console.print(diff_table(cmp, only_changes=not all_rows))
     for warning in cmp.warnings:
-        err.print(f"warning: {warning}", markup=False)
+        err.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
     same = sum(e["verdict"] == "same" for e in cmp.rows)
     console.print(f"{len(cmp.rows)} comparisons: {same} within tolerance (the seeds' interval, or rtol {rtol} "
                   f"with one seed), {cmp.regressions} regressions")

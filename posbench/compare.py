@@ -85,6 +85,10 @@ def compare(baseline: Path | str, current: Path | str, rtol: float = 0.05) -> Co
     versions = (_provenance(baseline).get("task_version"), _provenance(current).get("task_version"))
     if None not in versions and versions[0] != versions[1]:
         out.warnings.append(f"task version differs: baseline {versions[0]}, current {versions[1]}")
+    kinds = (_provenance(baseline).get("machine"), _provenance(current).get("machine"))
+    if None not in kinds and kinds[0] != kinds[1]:
+        out.warnings.append(f"machine kind differs: baseline {kinds[0]}, current {kinds[1]}; runs of different "
+                            "kinds agree in distribution, not bitwise, so the tolerance is the gate")
     cells = defaultdict(list)  # seed-free cell -> (entry, baseline row, current row), both ok
     seeds = defaultdict(list)  # seed-free cell -> every ok baseline perplexity
     for b in base.values():

@@ -1,5 +1,6 @@
 """`posbench run` / `compare` / `report` / `tasks` on a tiny grid."""
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -214,6 +215,13 @@ def test_compare_gate(full_run, tmp_path, capsys):
     # An improvement passes with a warning; a missing row fails.
     assert main(["compare", str(worse), str(base)]) == 0
     assert "baseline stale?" in capsys.readouterr().err
+    # Another machine kind is said, and the tolerance still decides
+    other = tmp_path / "other-kind"
+    shutil.copytree(base, other)
+    prov = json.loads((base / "provenance.json").read_text())
+    (other / "provenance.json").write_text(json.dumps({**prov, "machine": "cudax1-00000000"}))
+    assert main(["compare", str(base), str(other)]) == 0
+    assert f"machine kind differs: baseline {prov['machine']}, current cudax1-00000000" in capsys.readouterr().err
     missing = tmp_path / "missing"
     results.merge_rows(missing, "extrapolation", rows[1:])
     assert main(["compare", str(base), str(missing)]) == 1
