@@ -560,8 +560,9 @@ def tasks(validate: bool = typer.Option(False, "--validate", help="load every ta
             bad.append(f"{where}: {e}")
             table.add_row(name, "", "", "", "", "", "", where, "[red]error (below)[/]")
             continue
+        trained_at = "-" if t.pretrained else str(t.train.train_len)  # a pretrained model: its own context
         table.add_row(name, str(t.version), ",".join(t.schemes), ",".join(map(str, t.seeds)),
-                      str(t.train.train_len), ",".join(map(str, t.eval.lengths)), t.data.spec, where, "ok")
+                      trained_at, ",".join(map(str, t.eval.lengths)), t.data.spec, where, "ok")
     console.print(table)
     for line in bad:  # whole lines, whatever the terminal's width
         console.print(f"[red]{escape(line)}[/]", soft_wrap=True)

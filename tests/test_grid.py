@@ -306,8 +306,11 @@ def test_task_file_errors_name_the_file_once(tmp_path, text, message):
 def test_shipped_tasks_validate(capsys):
     assert main(["tasks", "--validate"]) == 0
     out = capsys.readouterr().out
-    for name in ("quick", "ci", "standard", "wikitext103", "passkey", "catalogue", "probes"):
+    for name in ("quick", "ci", "standard", "wikitext103", "passkey", "catalogue", "probes", "probe-seeds",
+                 "probe-frontier"):
         assert name in out
+    pretrained = next(line for line in out.splitlines() if " pretrained " in line)
+    assert pretrained.split("│")[5].strip() == "-"  # no training length: the model's own context
     assert config.load_task("quick") == config.Task()  # the dataclass defaults are the quick task
     assert config.load_task("passkey").probes.names == ("passkey",)
 
