@@ -10,3 +10,4 @@ stamp start
 $P --lengths 16384 --rope-scaling self-extend; stamp 16k-self-extend
 $P --lengths 16384 --rope-scaling yarn; stamp 16k-yarn
 $P --lengths 16384 --rope-scaling none; stamp 16k-none
+$P --lengths 16384 --rope-scaling pi; stamp 16k-pi

@@ -14,3 +14,10 @@ $P --lengths 8192,16384 --rope-scaling none,yarn,pi,self-extend; stamp 8k-16k
 $P --lengths 8192,16384 --rope-scaling ntk,dynamic-ntk,rerope,llama3,longrope; stamp 8k-16k-rest
 $P --lengths 2048,4096; stamp 2k-4k
 $P --lengths 32768 --rope-scaling none,yarn,self-extend; stamp 32k
+# the policies the first pass left: longrope at 16k, every other policy at 32k (two commands at a time)
+$P --lengths 16384 --rope-scaling longrope; stamp 16k-longrope
+$P --lengths 32768 --rope-scaling pi; stamp 32k-pi
+$P --lengths 32768 --rope-scaling ntk,dynamic-ntk; stamp 32k-ntk
+$P --lengths 32768 --rope-scaling llama3; stamp 32k-llama3
+$P --lengths 32768 --rope-scaling rerope; stamp 32k-rerope
+$P --lengths 32768 --rope-scaling longrope; stamp 32k-longrope
