@@ -9,12 +9,15 @@
 #                                                       # 1024-16384 (or LENGTHS, e.g. 8192,16384)
 #   bash scripts/gpu_session.sh train    OUT   # the quick task compiled and eager, recompiles logged
 #   bash scripts/gpu_session.sh standard OUT [SCHEMES]   # the standard task, seed 0 (none,rope)
+#   bash scripts/gpu_session.sh probes   OUT [SECONDS]   # the probe-seeds grid, 63 shards on 13 processes
+#                                                       # eager, stopped after SECONDS (default 540);
+#                                                       # a later call goes on (--resume) where it stopped
 #
 # Each part writes a log and one tar.gz of its results into OUT (a few files: what a remote
 # command can hand back) and prints the tables. SMOKE=1 runs every part on CPU at toy sizes: it
 # checks the commands, not the GPU.
 set -euo pipefail
-part="${1:?part: check | speed | train | standard}"
+part="${1:?part: check | speed | train | standard | probes}"
 out="${2:?output folder}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -120,8 +123,31 @@ standard)
     fi
     pb run "$task" --device "$device" --seeds 0 --schemes "$schemes" --no-speed --resume --out "$work/standard"
     ;;
+probes)
+    # Probe runs are small: one CPU thread each drives the GPU, so shards run side by side. Each
+    # shard (two runs) writes its rows when done; runs cut short keep their checkpoints in
+    # $out/probes/shards (kept between calls on one machine) and --resume continues them.
+    limit="${3:-540}"
+    task=probe-seeds shards=63 workers=13
+    if [ "$smoke" = 1 ]; then
+        shrink tasks/probe-seeds.toml "$work/probe-seeds-smoke.toml" steps=4 eval_interval=2 \
+            checkpoint_interval=2 trials=2
+        task="$work/probe-seeds-smoke.toml" workers=2
+    fi
+    mkdir -p "$work/shards"
+    # shards a previous call finished are not started again
+    for i in $(seq 1 "$shards"); do grep -qs "wall time" "$work/shards/$i.log" || echo "$i"; done |
+        OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 timeout --signal=INT --kill-after=30 "$limit" \
+        xargs -P "$workers" -I{} sh -c "python3 -m posbench run $task --shard {}/$shards --device $device \
+            --compile off --no-speed --resume --out $work/shards/{} >> $work/shards/{}.log 2>&1" || true
+    done_shards=$(grep -l "wall time" "$work"/shards/*.log 2>/dev/null | wc -l)
+    echo "probe-seeds: $done_shards of $shards shards finished"
+    merge=()
+    for log in $(grep -l "wall time" "$work"/shards/*.log 2>/dev/null); do merge+=(--merge "${log%.log}"); done
+    [ "${#merge[@]}" -gt 0 ] && pb report "$work/merged" "${merge[@]}"
+    ;;
 *)
-    echo "unknown part: $part (check | speed | train | standard)" >&2
+    echo "unknown part: $part (check | speed | train | standard | probes)" >&2
     exit 2
     ;;
 esac
