@@ -221,7 +221,8 @@ def test_check_passes_every_builtin_scheme_and_preset():
     from posbench import layout
 
     for name in sorted(SCHEMES) + list(layout.PRESETS):
-        bad = [f for f in check(name, skip=("cost", "compiled graph")) if f.status == "fail"]
+        # flex backward: tests/test_attention.py checks every scheme on the flex path the same way
+        bad = [f for f in check(name, skip=("cost", "compiled graph", "flex backward")) if f.status == "fail"]
         assert not bad, (name, bad)
 
 
