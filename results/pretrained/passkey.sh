@@ -11,3 +11,5 @@ $P --lengths 16384 --rope-scaling self-extend; stamp 16k-self-extend
 $P --lengths 16384 --rope-scaling yarn; stamp 16k-yarn
 $P --lengths 16384 --rope-scaling none; stamp 16k-none
 $P --lengths 16384 --rope-scaling pi; stamp 16k-pi
+$P --lengths 16384 --rope-scaling rerope; stamp 16k-rerope   # these two side by side
+$P --lengths 16384 --rope-scaling ntk; stamp 16k-ntk
