@@ -82,10 +82,11 @@ def compare(baseline: Path | str, current: Path | str, rtol: float = 0.05) -> Co
     corpora = ({r["corpus"] for r in base.values()}, {r["corpus"] for r in cur.values()})
     if corpora[0] != corpora[1]:
         out.warnings.append(f"corpus fingerprint differs: baseline {sorted(corpora[0])}, current {sorted(corpora[1])}")
-    versions = (_provenance(baseline).get("task_version"), _provenance(current).get("task_version"))
+    provenance = (_provenance(baseline), _provenance(current))
+    versions = tuple(p.get("task_version") for p in provenance)
     if None not in versions and versions[0] != versions[1]:
         out.warnings.append(f"task version differs: baseline {versions[0]}, current {versions[1]}")
-    kinds = (_provenance(baseline).get("machine"), _provenance(current).get("machine"))
+    kinds = tuple(p.get("machine") for p in provenance)
     if None not in kinds and kinds[0] != kinds[1]:
         out.warnings.append(f"machine kind differs: baseline {kinds[0]}, current {kinds[1]}; runs of different "
                             "kinds agree in distribution, not bitwise, so the tolerance is the gate")

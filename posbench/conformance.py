@@ -33,7 +33,7 @@ import torch
 from safetensors.torch import load, save
 
 from posbench import attention, layout
-from posbench.errors import PosbenchError
+from posbench.errors import PosbenchError, first_line
 from posbench.model import ModelConfig, Transformer
 from posbench.schemes import Dims, PositionLimitError
 
@@ -288,7 +288,7 @@ def flex_backward(name, params) -> Finding:
             warnings.simplefilter("ignore")
             model(x, targets=x).mean().backward()
     except NotImplementedError as e:
-        return Finding("flex backward", "fail", str(e).splitlines()[0][:300])
+        return Finding("flex backward", "fail", first_line(e))
     reference(x, targets=x).mean().backward()
     gap = max((float((a.grad - b.grad).abs().max()) for a, b in zip(model.parameters(), reference.parameters())
                if a.grad is not None and b.grad is not None), default=0.0)

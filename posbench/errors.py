@@ -21,6 +21,13 @@ def out_of_memory(e: BaseException) -> bool:
             or "can't allocate memory" in text or "out of memory" in text)
 
 
+def first_line(e: BaseException) -> str:
+    """The first non-empty line of an error's message (a compiler's runs to dozens, the cause
+    first), at most 300 characters."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return (lines[0] if lines else type(e).__name__)[:300]
+
+
 class Interrupted(PosbenchError):
     """Ctrl-C, told in one line with what was kept; exit code 130."""
 

@@ -21,7 +21,7 @@ import torch
 from posbench import batches, flops, layout, plugins, results, trackers
 from posbench.config import TrainConfig, build, stable_hash
 from posbench.data import DataConfig, TokenData, check_probe_corpus, is_probe, load_tokens, probe_corpus, unigram_loss
-from posbench.errors import Interrupted, PosbenchError, RunFailed, on_interrupt, out_of_memory
+from posbench.errors import Interrupted, PosbenchError, RunFailed, first_line, on_interrupt, out_of_memory
 from posbench.extension import Extension, columns as extension_columns
 from posbench.model import ModelConfig, Transformer
 from posbench.probes import PROBES, probe_name
@@ -464,13 +464,6 @@ class TrainResult:
     run_dir: Path
     row: dict[str, Any]
     skipped: bool = False
-
-
-def first_line(e: BaseException) -> str:
-    """The first non-empty line of an error's message (a compiler's runs to dozens, the cause
-    first), at most 300 characters."""
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    return (lines[0] if lines else type(e).__name__)[:300]
 
 
 def _write_log(run_dir: Path, rows: list[dict[str, Any]]) -> None:
