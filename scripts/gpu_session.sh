@@ -9,7 +9,7 @@
 #                                                       # 1024-16384 (or LENGTHS, e.g. 8192,16384)
 #   bash scripts/gpu_session.sh train    OUT   # the quick task compiled and eager, recompiles logged
 #   bash scripts/gpu_session.sh standard OUT [SCHEMES]   # the standard task, seed 0 (none,rope)
-#   bash scripts/gpu_session.sh probes   OUT [SECONDS]   # the probe-seeds grid, 63 shards on 13 processes
+#   bash scripts/gpu_session.sh probes   OUT [SECONDS]   # the probe-seeds grid, one run a process, 15 at once
 #                                                       # eager, stopped after SECONDS (default 540);
 #                                                       # a later call goes on (--resume) where it stopped
 #
@@ -124,22 +124,25 @@ standard)
     pb run "$task" --device "$device" --seeds 0 --schemes "$schemes" --no-speed --resume --out "$work/standard"
     ;;
 probes)
-    # Probe runs are small: one CPU thread each drives the GPU, so shards run side by side. Each
-    # shard (two runs) writes its rows when done; runs cut short keep their checkpoints in
-    # $out/probes/shards (kept between calls on one machine) and --resume continues them.
+    # Probe runs are small: one CPU thread each drives the GPU, so runs go side by side, one run a
+    # shard, the longest expected first (scripts/probe_queue.py). Runs with an ok row in
+    # results/probe-seeds are not trained again; runs cut short keep their checkpoints in
+    # $out/probes/shards (kept between calls on one machine) and a later call continues them.
     limit="${3:-540}"
-    task=probe-seeds shards=63 workers=13
+    task=probe-seeds shards=126 workers="${WORKERS:-15}"
     if [ "$smoke" = 1 ]; then
         shrink tasks/probe-seeds.toml "$work/probe-seeds-smoke.toml" steps=4 eval_interval=2 \
             checkpoint_interval=2 trials=2
-        task="$work/probe-seeds-smoke.toml" workers=2
+        task="$work/probe-seeds-smoke.toml" workers=2 shards="${SHARDS:-126}"
     fi
     mkdir -p "$work/shards"
-    # shards a previous call finished are not started again
-    for i in $(seq 1 "$shards"); do grep -qs "wall time" "$work/shards/$i.log" || echo "$i"; done |
-        OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 timeout --signal=INT --kill-after=30 "$limit" \
+    python3 scripts/probe_queue.py "$task" "$shards" "$work/shards" --have results/probe-seeds \
+        --expect results/probes > "$work/queue"
+    echo "probe-seeds: $(wc -l < "$work/queue") runs to train, $workers at a time"
+    OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 timeout --signal=INT --kill-after=30 "$limit" \
         xargs -P "$workers" -I{} sh -c "python3 -m posbench run $task --shard {}/$shards --device $device \
-            --compile off --no-speed --resume --out $work/shards/{} >> $work/shards/{}.log 2>&1" || true
+            --compile off --no-speed --resume --out $work/shards/{} >> $work/shards/{}.log 2>&1" \
+        < "$work/queue" || true
     done_shards=$(grep -l "wall time" "$work"/shards/*.log 2>/dev/null | wc -l)
     echo "probe-seeds: $done_shards of $shards shards finished"
     merge=()
