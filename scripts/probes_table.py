@@ -7,6 +7,15 @@ the pooled counts and `not learned` where the gate says so; several seeds: the m
 Also the summed training time of the runs (one core each).
 
     python scripts/probes_table.py DIR [--ratios 1,2,4,8] [--curves PROBE[,PROBE...]] [--every 1000]
+    python scripts/probes_table.py DIR [DIR...] --seeds [--task TASK] [--ratios 1,2,4,8]
+
+--seeds prints the table over seeds instead, from one or more results directories read as one (a run
+in several counts once, from the first): per probe and scheme, the seeds scored, how many learned in
+length (at least 90% at the training length, the gate of `posbench probe`), steps to the early stop
+as median and range (a run that spent every step counts its last step, marked +), and per ratio the
+mean over seeds of each seed's per-answer accuracy with its 95% t-interval over seeds (clipped to
+0..100), or the Wilson interval of the pooled answers where one seed was scored. --task keeps the
+runs of that task's grid alone (e.g. probe-seeds, whose seed-0 runs share results/probes' run_ids).
 
 --curves prints instead the learning curves of the runs on those probes: held-out per-answer
 accuracy at the training length (log.csv's val_accuracy) every `--every` steps.
@@ -108,6 +117,75 @@ def accuracy_table(out: Path, ratios: tuple[int, ...]) -> list[str]:
     return lines
 
 
+def seeds_table(dirs: list[Path], ratios: tuple[int, ...], task: str | None = None) -> list[str]:
+    wanted = None
+    if task is not None:
+        from posbench import config, grid
+
+        wanted = {spec.run_id for spec in grid.grid(config.load_task(task))}
+    runs: dict[str, dict] = {}
+    scored: dict[str, list[dict]] = {}
+    for out in dirs:
+        for r in results.read_rows(results.table_path(out, "runs")):
+            if r["status"] == "ok":
+                runs.setdefault(r["run_id"], r)
+        here: dict[str, list[dict]] = {}
+        for r in results.read_rows(results.table_path(out, "probes")):
+            if r["status"] in ("ok", "not learned") and r["probe"] in PROBES and (wanted is None or r["run_id"] in wanted):
+                here.setdefault(r["run_id"], []).append(r)
+        for run_id, rows in here.items():
+            scored.setdefault(run_id, rows)
+    if not scored:
+        raise PosbenchError(f"no scored probe rows in {', '.join(map(str, dirs))}")
+    df = pd.DataFrame([r for rows in scored.values() for r in rows])
+    df["label"] = df.apply(label, axis=1)
+    for c in ("ratio", "hits", "answers", "seed"):
+        df[c] = pd.to_numeric(df[c])
+    head = ["probe", "scheme", "seeds", "learned", "steps to stop"] + [f"{r}x" for r in ratios]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    order = {c: i for i, c in enumerate(COLUMNS)}
+    for probe in probes_in(df["probe"]):
+        sub = df[df["probe"] == probe]
+        for name in sorted(set(sub["label"]), key=lambda s: (order.get(s.split("+")[0], 99), s)):
+            rows = sub[sub["label"] == name]
+            first = rows[rows["ratio"] == 1]
+            seeds = sorted(set(rows["seed"]))
+            learned = first[first["status"] != "not learned"]["seed"].nunique()
+            steps = []
+            for run_id in sorted(set(rows["run_id"])):
+                r = runs.get(run_id)
+                if r is not None:
+                    stopped = r["stopped_at"] and int(r["stopped_at"]) < int(r["steps"])
+                    steps.append((int(r["stopped_at"]) if stopped else int(r["steps"]), not stopped))
+            cells = [probe, name, str(len(seeds)), f"{learned} of {first['seed'].nunique()}", steps_cell(steps)]
+            for ratio in ratios:
+                per_seed = rows[rows["ratio"] == ratio].groupby("seed")[["hits", "answers"]].sum()
+                if per_seed.empty:
+                    cells.append("")
+                elif len(per_seed) == 1:
+                    hits, answers = int(per_seed["hits"].iloc[0]), int(per_seed["answers"].iloc[0])
+                    lo, hi = stats.wilson(hits, answers)
+                    cells.append(f"{100 * hits / answers:.0f} ({100 * lo:.0f}-{100 * hi:.0f})")
+                else:
+                    ci = stats.mean_interval(per_seed["hits"] / per_seed["answers"])
+                    cells.append(f"{100 * ci.mean:.0f} [{100 * max(ci.lo, 0):.0f}, {100 * min(ci.hi, 1):.0f}]")
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def steps_cell(steps: list[tuple[int, bool]]) -> str:
+    """Median and range of (step, spent every step) pairs; + marks a value from a run that did not stop."""
+    if not steps:
+        return ""
+    steps = sorted(steps)
+    word = lambda s: f"{s[0]:,}" + ("+" if s[1] else "")  # noqa: E731
+    mid = steps[len(steps) // 2] if len(steps) % 2 else None
+    median = word(mid) if mid else f"{(steps[len(steps) // 2 - 1][0] + steps[len(steps) // 2][0]) / 2:,.0f}"
+    if len(steps) == 1:
+        return median
+    return f"{median} ({word(steps[0])}-{word(steps[-1])})"
+
+
 def curves_table(out: Path, probes: list[str], every: int) -> list[str]:
     runs = {r["run_id"]: r for r in results.read_rows(results.table_path(out, "runs"))}
     probe_of = run_probes(out)
@@ -131,16 +209,22 @@ def curves_table(out: Path, probes: list[str], every: int) -> list[str]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("dir", type=Path)
+    parser.add_argument("dir", type=Path, nargs="+")
+    parser.add_argument("--seeds", action="store_true")
+    parser.add_argument("--task", default=None)
     parser.add_argument("--ratios", default="1,2,4,8")
     parser.add_argument("--curves", default=None)
     parser.add_argument("--every", type=int, default=1000)
     args = parser.parse_args(argv)
     try:
-        if args.curves:
-            lines = curves_table(args.dir, args.curves.split(","), args.every)
+        if args.seeds:
+            lines = seeds_table(args.dir, parse_int_list(args.ratios), args.task)
+        elif len(args.dir) > 1:
+            raise PosbenchError("several directories are read together only with --seeds")
+        elif args.curves:
+            lines = curves_table(args.dir[0], args.curves.split(","), args.every)
         else:
-            lines = steps_table(args.dir) + [""] + accuracy_table(args.dir, parse_int_list(args.ratios))
+            lines = steps_table(args.dir[0]) + [""] + accuracy_table(args.dir[0], parse_int_list(args.ratios))
     except (PosbenchError, OSError, KeyError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -724,3 +724,43 @@ def test_sizes_computed_once_give_the_examples_computed_afresh(name):
         n = random.Random(seed).randint(shared.min_length(), length)
         assert shared.example(random.Random(seed), n) == fresh.example(random.Random(seed), n)
         assert shared.training_example(random.Random(seed), length) == fresh.training_example(random.Random(seed), length)
+
+
+def test_probes_table_over_seeds_reads_folders_as_one(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "scripts" / "probes_table.py"
+    spec = importlib.util.spec_from_file_location("probes_table", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    common = {"scheme": "rope", "params": "", "scaling": "none", "extension": "none", "position_draws": "0",
+              "extend_method": "", "probe": "copy"}
+
+    def write(folder, runs, scored):
+        folder.mkdir()
+        for name, rows in (("runs", runs), ("probes", scored)):
+            frame = pd.DataFrame(rows).reindex(columns=results.TABLES[name]["columns"])
+            frame.to_csv(folder / f"{name}.csv", index=False)
+
+    def run(seed, stopped):
+        return {"run_id": f"rope-{seed}", "scheme": "rope", "seed": seed, "steps": 8000, "stopped_at": stopped,
+                "status": "ok", "randomized": False}
+
+    def cell(seed, ratio, hits, status="ok"):
+        return {**common, "run_id": f"rope-{seed}", "seed": seed, "ratio": ratio, "hits": hits, "answers": 100,
+                "status": status}
+
+    write(tmp_path / "a", [run(0, 400)], [cell(0, 1, 97), cell(0, 2, 30)])
+    write(tmp_path / "b", [run(0, 9999), run(1, ""), run(2, 1000)],  # rope-0 again: the first folder's counts
+          [cell(0, 1, 10), cell(0, 2, 10), cell(1, 1, 60, "not learned"), cell(1, 2, 20), cell(2, 1, 95),
+           cell(2, 2, 40)])
+    assert script.main([str(tmp_path / "a"), str(tmp_path / "b"), "--seeds", "--ratios", "1,2"]) == 0
+    header, _, row = capsys.readouterr().out.splitlines()
+    cells = dict(zip((c.strip() for c in header.strip("|").split("|")), (c.strip() for c in row.strip("|").split("|"))))
+    assert cells["seeds"] == "3" and cells["learned"] == "2 of 3"
+    assert cells["steps to stop"] == "1,000 (400-8,000+)"  # seed 1 spent its 8,000 steps
+    at1 = stats.mean_interval([0.97, 0.60, 0.95])
+    assert cells["1x"] == f"{100 * at1.mean:.0f} [{100 * max(at1.lo, 0):.0f}, {100 * min(at1.hi, 1):.0f}]"
+    assert cells["2x"].startswith("30 [")  # (30 + 20 + 40) / 3
+    assert script.main([str(tmp_path / "a"), str(tmp_path / "b")]) == 2  # several folders: --seeds alone
