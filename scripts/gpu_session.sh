@@ -9,7 +9,7 @@
 #                                                       # 1024-16384 (or LENGTHS, e.g. 8192,16384)
 #   bash scripts/gpu_session.sh train    OUT   # the quick task compiled and eager, recompiles logged
 #   bash scripts/gpu_session.sh standard OUT [SCHEMES]   # the standard task, seed 0 (none,rope)
-#   bash scripts/gpu_session.sh probes   OUT [SECONDS]   # the probe-seeds grid, one run a process, 15 at once
+#   bash scripts/gpu_session.sh probes   OUT [SECONDS]   # the probe-seeds grid, one run a process, up to 15 at once
 #                                                       # eager, stopped after SECONDS (default 540);
 #                                                       # a later call goes on (--resume) where it stopped
 #
@@ -130,6 +130,12 @@ probes)
     # $out/probes/shards (kept between calls on one machine) and a later call continues them.
     limit="${3:-540}"
     task=probe-seeds shards=126 workers="${WORKERS:-15}"
+    # about 8 GB of GPU memory a process: on an 80 GB H100, 15 processes ran out of it (three
+    # runs' probe scoring or training), where a 141 GB H200 held them
+    if [ -z "${WORKERS:-}" ] && [ "$smoke" != 1 ] && command -v nvidia-smi >/dev/null; then
+        mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+        workers=$(( mib / 8000 < 15 ? mib / 8000 : 15 ))
+    fi
     if [ "$smoke" = 1 ]; then
         shrink tasks/probe-seeds.toml "$work/probe-seeds-smoke.toml" steps=4 eval_interval=2 \
             checkpoint_interval=2 trials=2
