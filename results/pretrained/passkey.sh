@@ -13,3 +13,6 @@ $P --lengths 16384 --rope-scaling none; stamp 16k-none
 $P --lengths 16384 --rope-scaling pi; stamp 16k-pi
 $P --lengths 16384 --rope-scaling rerope; stamp 16k-rerope   # these two side by side
 $P --lengths 16384 --rope-scaling ntk; stamp 16k-ntk
+$P --lengths 16384 --rope-scaling dynamic-ntk; stamp 16k-dynamic-ntk
+$P --lengths 16384 --rope-scaling llama3; stamp 16k-llama3
+$P --lengths 16384 --rope-scaling longrope; stamp 16k-longrope
