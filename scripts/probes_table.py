@@ -8,6 +8,7 @@ Also the summed training time of the runs (one core each).
 
     python scripts/probes_table.py DIR [--ratios 1,2,4,8] [--curves PROBE[,PROBE...]] [--every 1000]
     python scripts/probes_table.py DIR [DIR...] --seeds [--task TASK] [--ratios 1,2,4,8]
+    python scripts/probes_table.py DIR [DIR...] --pairs A:B:PROBE[,A:B:PROBE...] [--task TASK] [--ratios 2,4,8]
 
 --seeds prints the table over seeds instead, from one or more results directories read as one (a run
 in several counts once, from the first): per probe and scheme, the seeds scored, how many learned in
@@ -16,6 +17,14 @@ as median and range (a run that spent every step counts its last step, marked +)
 mean over seeds of each seed's per-answer accuracy with its 95% t-interval over seeds (clipped to
 0..100), or the Wilson interval of the pooled answers where one seed was scored. --task keeps the
 runs of that task's grid alone (e.g. probe-seeds, whose seed-0 runs share results/probes' run_ids).
+
+--pairs compares scheme A with scheme B on PROBE seed by seed (the same seed: the same batches,
+initial draw and scored prompts), variants pooled (passkey's depths): per ratio each seed's
+per-answer accuracy difference A - B in points, their mean with its 95% t-interval, how many seeds
+favour A, and a verdict: `holds` when the interval excludes 0 in A's favour, `every seed, not
+the interval` when every seed favours A but the interval reaches 0, `reversed` when the interval
+excludes 0 in B's favour, else `does not hold`. (`posbench paired --probe` gives the same per
+variant.)
 
 --curves prints instead the learning curves of the runs on those probes: held-out per-answer
 accuracy at the training length (log.csv's val_accuracy) every `--every` steps.
@@ -118,29 +127,12 @@ def accuracy_table(out: Path, ratios: tuple[int, ...]) -> list[str]:
 
 
 def seeds_table(dirs: list[Path], ratios: tuple[int, ...], task: str | None = None) -> list[str]:
-    wanted = None
-    if task is not None:
-        from posbench import config, grid
-
-        wanted = {spec.run_id for spec in grid.grid(config.load_task(task))}
+    df = scored_frame(dirs, task)
     runs: dict[str, dict] = {}
-    scored: dict[str, list[dict]] = {}
     for out in dirs:
         for r in results.read_rows(results.table_path(out, "runs")):
             if r["status"] == "ok":
                 runs.setdefault(r["run_id"], r)
-        here: dict[str, list[dict]] = {}
-        for r in results.read_rows(results.table_path(out, "probes")):
-            if r["status"] in ("ok", "not learned") and r["probe"] in PROBES and (wanted is None or r["run_id"] in wanted):
-                here.setdefault(r["run_id"], []).append(r)
-        for run_id, rows in here.items():
-            scored.setdefault(run_id, rows)
-    if not scored:
-        raise PosbenchError(f"no scored probe rows in {', '.join(map(str, dirs))}")
-    df = pd.DataFrame([r for rows in scored.values() for r in rows])
-    df["label"] = df.apply(label, axis=1)
-    for c in ("ratio", "hits", "answers", "seed"):
-        df[c] = pd.to_numeric(df[c])
     head = ["probe", "scheme", "seeds", "learned", "steps to stop"] + [f"{r}x" for r in ratios]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     order = {c: i for i, c in enumerate(COLUMNS)}
@@ -170,6 +162,68 @@ def seeds_table(dirs: list[Path], ratios: tuple[int, ...], task: str | None = No
                     ci = stats.mean_interval(per_seed["hits"] / per_seed["answers"])
                     cells.append(f"{100 * ci.mean:.0f} [{100 * max(ci.lo, 0):.0f}, {100 * min(ci.hi, 1):.0f}]")
             lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def scored_frame(dirs: list[Path], task: str | None) -> pd.DataFrame:
+    """The scored probe rows of several folders read as one (a run in several: the first's rows)."""
+    wanted = None
+    if task is not None:
+        from posbench import config, grid
+
+        wanted = {spec.run_id for spec in grid.grid(config.load_task(task))}
+    scored: dict[str, list[dict]] = {}
+    for out in dirs:
+        here: dict[str, list[dict]] = {}
+        for r in results.read_rows(results.table_path(out, "probes")):
+            if r["status"] in ("ok", "not learned") and r["probe"] in PROBES and (wanted is None or r["run_id"] in wanted):
+                here.setdefault(r["run_id"], []).append(r)
+        for run_id, rows in here.items():
+            scored.setdefault(run_id, rows)
+    if not scored:
+        raise PosbenchError(f"no scored probe rows in {', '.join(map(str, dirs))}")
+    df = pd.DataFrame([r for rows in scored.values() for r in rows])
+    df["label"] = df.apply(label, axis=1)
+    for c in ("ratio", "hits", "answers", "seed"):
+        df[c] = pd.to_numeric(df[c])
+    return df
+
+
+def pairs_table(dirs: list[Path], pairs: list[str], ratios: tuple[int, ...], task: str | None = None) -> list[str]:
+    df = scored_frame(dirs, task)
+    head = ["A", "B", "probe", "ratio", "seeds", "A - B by seed", "mean [95%]", "seeds for A", "verdict"]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for pair in pairs:
+        try:
+            a, b, probe = pair.split(":")
+        except ValueError:
+            raise PosbenchError(f"bad pair {pair!r}: expected A:B:PROBE, e.g. none:rope:passkey") from None
+        for name in (a, b):
+            if not ((df["label"] == name) & (df["probe"] == probe)).any():
+                raise PosbenchError(f"no scored rows of {name} on {probe}")
+        for ratio in ratios:
+            acc = {}
+            for name in (a, b):
+                at = df[(df["label"] == name) & (df["probe"] == probe) & (df["ratio"] == ratio)]
+                per_seed = at.groupby("seed")[["hits", "answers"]].sum()
+                acc[name] = (per_seed["hits"] / per_seed["answers"]).to_dict()
+            seeds = sorted(set(acc[a]) & set(acc[b]))
+            if not seeds:
+                continue
+            diffs = [100 * (acc[a][k] - acc[b][k]) for k in seeds]
+            ci = stats.mean_interval(diffs)
+            favour = sum(d > 0 for d in diffs)
+            if len(seeds) > 1 and ci.lo > 0:
+                word = "holds"
+            elif len(seeds) > 1 and ci.hi < 0:
+                word = "reversed"
+            elif favour == len(seeds):
+                word = "every seed, not the interval" if len(seeds) > 1 else "one seed"
+            else:
+                word = "does not hold"
+            interval = f"{ci.mean:+.0f} [{ci.lo:+.0f}, {ci.hi:+.0f}]" if len(seeds) > 1 else f"{ci.mean:+.0f}"
+            lines.append(f"| {a} | {b} | {probe} | {ratio:g}x | {len(seeds)} | "
+                         + " / ".join(f"{d:+.0f}" for d in diffs) + f" | {interval} | {favour} of {len(seeds)} | {word} |")
     return lines
 
 
@@ -212,12 +266,15 @@ def main(argv=None) -> int:
     parser.add_argument("dir", type=Path, nargs="+")
     parser.add_argument("--seeds", action="store_true")
     parser.add_argument("--task", default=None)
+    parser.add_argument("--pairs", default=None)
     parser.add_argument("--ratios", default="1,2,4,8")
     parser.add_argument("--curves", default=None)
     parser.add_argument("--every", type=int, default=1000)
     args = parser.parse_args(argv)
     try:
-        if args.seeds:
+        if args.pairs:
+            lines = pairs_table(args.dir, args.pairs.split(","), parse_int_list(args.ratios), args.task)
+        elif args.seeds:
             lines = seeds_table(args.dir, parse_int_list(args.ratios), args.task)
         elif len(args.dir) > 1:
             raise PosbenchError("several directories are read together only with --seeds")

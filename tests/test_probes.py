@@ -764,3 +764,12 @@ def test_probes_table_over_seeds_reads_folders_as_one(tmp_path, capsys):
     assert cells["1x"] == f"{100 * at1.mean:.0f} [{100 * max(at1.lo, 0):.0f}, {100 * min(at1.hi, 1):.0f}]"
     assert cells["2x"].startswith("30 [")  # (30 + 20 + 40) / 3
     assert script.main([str(tmp_path / "a"), str(tmp_path / "b")]) == 2  # several folders: --seeds alone
+    other = [{**cell(seed, 2, 10), "scheme": "none", "run_id": f"none-{seed}"} for seed in (0, 1, 2)]
+    write(tmp_path / "c", [{**run(seed, 400), "scheme": "none", "run_id": f"none-{seed}"} for seed in (0, 1, 2)], other)
+    folders = [str(tmp_path / d) for d in "abc"]
+    assert script.main([*folders, "--pairs", "rope:none:copy", "--ratios", "2"]) == 0
+    row = capsys.readouterr().out.splitlines()[-1]
+    gap = stats.mean_interval([20, 10, 30])  # rope's 30, 20, 40 against none's 10 in each seed
+    assert f"| rope | none | copy | 2x | 3 | +20 / +10 / +30 | +20 [{gap.lo:+.0f}, {gap.hi:+.0f}] | 3 of 3 |" in row
+    assert row.endswith("| every seed, not the interval |")  # 3 seeds: t(2) makes it [-5, +45]
+    assert script.main([*folders, "--pairs", "rope-none-copy"]) == 2
