@@ -223,7 +223,8 @@ def pairs_table(dirs: list[Path], pairs: list[str], ratios: tuple[int, ...], tas
                 word = "does not hold"
             interval = f"{ci.mean:+.0f} [{ci.lo:+.0f}, {ci.hi:+.0f}]" if len(seeds) > 1 else f"{ci.mean:+.0f}"
             lines.append(f"| {a} | {b} | {probe} | {ratio:g}x | {len(seeds)} | "
-                         + " / ".join(f"{d:+.0f}" for d in diffs) + f" | {interval} | {favour} of {len(seeds)} | {word} |")
+                         + " / ".join(f"{d:+.1f}" if abs(d) < 0.5 else f"{d:+.0f}" for d in diffs)
+                         + f" | {interval} | {favour} of {len(seeds)} | {word} |")
     return lines
 
 
