@@ -7,7 +7,7 @@ the pooled counts and `not learned` where the gate says so; several seeds: the m
 Also the summed training time of the runs (one core each).
 
     python scripts/probes_table.py DIR [--ratios 1,2,4,8] [--curves PROBE[,PROBE...]] [--every 1000]
-    python scripts/probes_table.py DIR [DIR...] --seeds [--task TASK] [--ratios 1,2,4,8]
+    python scripts/probes_table.py DIR [DIR...] --seeds [--compact] [--task TASK] [--ratios 1,2,4,8]
     python scripts/probes_table.py DIR [DIR...] --pairs A:B:PROBE[,A:B:PROBE...] [--task TASK] [--ratios 2,4,8]
 
 --seeds prints the table over seeds instead, from one or more results directories read as one (a run
@@ -15,7 +15,9 @@ in several counts once, from the first): per probe and scheme, the seeds scored,
 length (at least 90% at the training length, the gate of `posbench probe`), steps to the early stop
 as median and range (a run that spent every step counts its last step, marked +), and per ratio the
 mean over seeds of each seed's per-answer accuracy with its 95% t-interval over seeds (clipped to
-0..100), or the Wilson interval of the pooled answers where one seed was scored. --task keeps the
+0..100), or the Wilson interval of the pooled answers where one seed was scored. --compact prints
+probe x scheme instead, each cell the means at the ratios (`(k of n learned)` where not every seed
+learned), the scheme variants named in COLUMNS alone (README's table). --task keeps the
 runs of that task's grid alone (e.g. probe-seeds, whose seed-0 runs share results/probes' run_ids).
 
 --pairs compares scheme A with scheme B on PROBE seed by seed (the same seed: the same batches,
@@ -228,6 +230,21 @@ def pairs_table(dirs: list[Path], pairs: list[str], ratios: tuple[int, ...], tas
     return lines
 
 
+def compact_table(seeds_lines: list[str], ratios: tuple[int, ...]) -> list[str]:
+    """probe x scheme from the lines of seeds_table: the mean at each ratio, and the learned count."""
+    cells: dict[str, dict[str, str]] = {}
+    for line in seeds_lines[2:]:
+        probe, scheme, _, learned, _, *values = (c.strip() for c in line.strip().strip("|").split("|"))
+        k, _, n = learned.split()[:3]
+        cell = " / ".join(v.split(" ")[0] for v in values[-len(ratios):])
+        cells.setdefault(probe, {})[scheme] = cell + ("" if k == n else f" ({k} of {n} learned)")
+    columns = [c for c in COLUMNS if any(c in row for row in cells.values())]
+    lines = ["| probe | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for probe, row in cells.items():
+        lines.append(f"| {probe} | " + " | ".join(row.get(c, "") for c in columns) + " |")
+    return lines
+
+
 def steps_cell(steps: list[tuple[int, bool]]) -> str:
     """Median and range of (step, spent every step) pairs; + marks a value from a run that did not stop."""
     if not steps:
@@ -268,6 +285,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", action="store_true")
     parser.add_argument("--task", default=None)
     parser.add_argument("--pairs", default=None)
+    parser.add_argument("--compact", action="store_true")
     parser.add_argument("--ratios", default="1,2,4,8")
     parser.add_argument("--curves", default=None)
     parser.add_argument("--every", type=int, default=1000)
@@ -277,6 +295,8 @@ def main(argv=None) -> int:
             lines = pairs_table(args.dir, args.pairs.split(","), parse_int_list(args.ratios), args.task)
         elif args.seeds:
             lines = seeds_table(args.dir, parse_int_list(args.ratios), args.task)
+            if args.compact:
+                lines = compact_table(lines, parse_int_list(args.ratios))
         elif len(args.dir) > 1:
             raise PosbenchError("several directories are read together only with --seeds")
         elif args.curves:

@@ -763,6 +763,8 @@ def test_probes_table_over_seeds_reads_folders_as_one(tmp_path, capsys):
     at1 = stats.mean_interval([0.97, 0.60, 0.95])
     assert cells["1x"] == f"{100 * at1.mean:.0f} [{100 * max(at1.lo, 0):.0f}, {100 * min(at1.hi, 1):.0f}]"
     assert cells["2x"].startswith("30 [")  # (30 + 20 + 40) / 3
+    assert script.main([str(tmp_path / "a"), str(tmp_path / "b"), "--seeds", "--compact", "--ratios", "2"]) == 0
+    assert capsys.readouterr().out.splitlines()[::2] == ["| probe | rope |", "| copy | 30 (2 of 3 learned) |"]
     assert script.main([str(tmp_path / "a"), str(tmp_path / "b")]) == 2  # several folders: --seeds alone
     other = [{**cell(seed, 2, 10), "scheme": "none", "run_id": f"none-{seed}"} for seed in (0, 1, 2)]
     write(tmp_path / "c", [{**run(seed, 400), "scheme": "none", "run_id": f"none-{seed}"} for seed in (0, 1, 2)], other)
