@@ -126,7 +126,7 @@ standard)
 probes)
     # Probe runs are small: one CPU thread each drives the GPU, so runs go side by side, one run a
     # shard, the longest expected first (scripts/probe_queue.py). Runs with an ok row in
-    # results/probe-seeds are not trained again; runs cut short keep their checkpoints in
+    # results/probes/seeds are not trained again; runs cut short keep their checkpoints in
     # $out/probes/shards (kept between calls on one machine) and a later call continues them.
     limit="${3:-540}"
     task=probe-seeds shards=126 workers="${WORKERS:-15}"
@@ -142,7 +142,7 @@ probes)
         task="$work/probe-seeds-smoke.toml" workers=2 shards="${SHARDS:-126}"
     fi
     mkdir -p "$work/shards"
-    python3 scripts/probe_queue.py "$task" "$shards" "$work/shards" --have results/probe-seeds \
+    python3 scripts/probe_queue.py "$task" "$shards" "$work/shards" --have results/probes/seeds \
         --expect results/probes > "$work/queue"
     echo "probe-seeds: $(wc -l < "$work/queue") runs to train, $workers at a time"
     OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 timeout --signal=INT --kill-after=30 "$limit" \
