@@ -13,21 +13,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import csv
 from pathlib import Path
 
-from posbench import config, grid
-
-
-def rows(path: Path) -> list[dict[str, str]]:
-    return list(csv.DictReader(open(path))) if path.exists() else []
+from posbench import config, grid, results
 
 
 def queue(task_name: str, shards: int, done: Path, have: list[Path], expect: list[Path]) -> list[int]:
     task = config.load_task(task_name)
-    finished = {r["run_id"] for h in have for r in rows(h / "runs.csv") if r["status"] == "ok"}
+    finished = {r["run_id"] for h in have for r in results.read_rows(results.table_path(h, "runs")) if r["status"] == "ok"}
     steps = {r["run_id"]: int(r["stopped_at"] or r["steps"])
-             for e in expect for r in rows(e / "runs.csv") if r["status"] == "ok"}
+             for e in expect for r in results.read_rows(results.table_path(e, "runs")) if r["status"] == "ok"}
     expected: dict[int, int] = {}
     for k, spec in enumerate(grid.grid(task)):
         shard = k % shards + 1

@@ -115,8 +115,8 @@ def accuracy_table(out: Path, ratios: tuple[int, ...]) -> list[str]:
                 if at.empty:
                     cells.append("")
                     continue
-                per_seed = at.groupby("seed")[["hits", "answers"]].sum()
-                mean = (per_seed["hits"] / per_seed["answers"]).mean()
+                per_seed = seed_accuracy(at)
+                mean = per_seed["accuracy"].mean()
                 if len(per_seed) == 1:
                     lo, hi = stats.wilson(int(per_seed["hits"].iloc[0]), int(per_seed["answers"].iloc[0]))
                     cells.append(f"{100 * mean:.0f} [{100 * lo:.0f}, {100 * hi:.0f}]")
@@ -128,42 +128,60 @@ def accuracy_table(out: Path, ratios: tuple[int, ...]) -> list[str]:
     return lines
 
 
-def seeds_table(dirs: list[Path], ratios: tuple[int, ...], task: str | None = None) -> list[str]:
+def seed_accuracy(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per seed, the pooled hits and answers of `rows` (variants summed) and their ratio."""
+    per_seed = rows.groupby("seed")[["hits", "answers"]].sum()
+    return per_seed.assign(accuracy=per_seed["hits"] / per_seed["answers"])
+
+
+def seeds_rows(dirs: list[Path], ratios: tuple[int, ...], task: str | None = None) -> list[dict]:
+    """One record per probe and scheme variant: seeds scored, seeds learned, steps to the stop,
+    and per ratio the mean over seeds (`means`) with its formatted cell (`cells`)."""
     df = scored_frame(dirs, task)
     runs: dict[str, dict] = {}
     for out in dirs:
         for r in results.read_rows(results.table_path(out, "runs")):
             if r["status"] == "ok":
                 runs.setdefault(r["run_id"], r)
-    head = ["probe", "scheme", "seeds", "learned", "steps to stop"] + [f"{r}x" for r in ratios]
-    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     order = {c: i for i, c in enumerate(COLUMNS)}
+    out = []
     for probe in probes_in(df["probe"]):
         sub = df[df["probe"] == probe]
         for name in sorted(set(sub["label"]), key=lambda s: (order.get(s.split("+")[0], 99), s)):
             rows = sub[sub["label"] == name]
             first = rows[rows["ratio"] == 1]
-            seeds = sorted(set(rows["seed"]))
-            learned = first[first["status"] != "not learned"]["seed"].nunique()
             steps = []
             for run_id in sorted(set(rows["run_id"])):
                 r = runs.get(run_id)
                 if r is not None:
                     stopped = r["stopped_at"] and int(r["stopped_at"]) < int(r["steps"])
                     steps.append((int(r["stopped_at"]) if stopped else int(r["steps"]), not stopped))
-            cells = [probe, name, str(len(seeds)), f"{learned} of {first['seed'].nunique()}", steps_cell(steps)]
+            record = {"probe": probe, "scheme": name, "seeds": rows["seed"].nunique(),
+                      "learned": first[first["status"] != "not learned"]["seed"].nunique(),
+                      "scored": first["seed"].nunique(), "steps": steps_cell(steps), "means": [], "cells": []}
             for ratio in ratios:
-                per_seed = rows[rows["ratio"] == ratio].groupby("seed")[["hits", "answers"]].sum()
+                per_seed = seed_accuracy(rows[rows["ratio"] == ratio])
                 if per_seed.empty:
-                    cells.append("")
+                    mean, cell = None, ""
                 elif len(per_seed) == 1:
                     hits, answers = int(per_seed["hits"].iloc[0]), int(per_seed["answers"].iloc[0])
                     lo, hi = stats.wilson(hits, answers)
-                    cells.append(f"{100 * hits / answers:.0f} ({100 * lo:.0f}-{100 * hi:.0f})")
+                    mean, cell = hits / answers, f"{100 * hits / answers:.0f} ({100 * lo:.0f}-{100 * hi:.0f})"
                 else:
-                    ci = stats.mean_interval(per_seed["hits"] / per_seed["answers"])
-                    cells.append(f"{100 * ci.mean:.0f} [{100 * max(ci.lo, 0):.0f}, {100 * min(ci.hi, 1):.0f}]")
-            lines.append("| " + " | ".join(cells) + " |")
+                    ci = stats.mean_interval(per_seed["accuracy"])
+                    mean, cell = ci.mean, f"{100 * ci.mean:.0f} [{100 * max(ci.lo, 0):.0f}, {100 * min(ci.hi, 1):.0f}]"
+                record["means"].append(mean)
+                record["cells"].append(cell)
+            out.append(record)
+    return out
+
+
+def seeds_table(records: list[dict], ratios: tuple[int, ...]) -> list[str]:
+    head = ["probe", "scheme", "seeds", "learned", "steps to stop"] + [f"{r}x" for r in ratios]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for r in records:
+        cells = [r["probe"], r["scheme"], str(r["seeds"]), f"{r['learned']} of {r['scored']}", r["steps"], *r["cells"]]
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
@@ -207,8 +225,7 @@ def pairs_table(dirs: list[Path], pairs: list[str], ratios: tuple[int, ...], tas
             acc = {}
             for name in (a, b):
                 at = df[(df["label"] == name) & (df["probe"] == probe) & (df["ratio"] == ratio)]
-                per_seed = at.groupby("seed")[["hits", "answers"]].sum()
-                acc[name] = (per_seed["hits"] / per_seed["answers"]).to_dict()
+                acc[name] = seed_accuracy(at)["accuracy"].to_dict()
             seeds = sorted(set(acc[a]) & set(acc[b]))
             if not seeds:
                 continue
@@ -230,14 +247,13 @@ def pairs_table(dirs: list[Path], pairs: list[str], ratios: tuple[int, ...], tas
     return lines
 
 
-def compact_table(seeds_lines: list[str], ratios: tuple[int, ...]) -> list[str]:
-    """probe x scheme from the lines of seeds_table: the mean at each ratio, and the learned count."""
+def compact_table(records: list[dict]) -> list[str]:
+    """probe x scheme: the means at the ratios, and the learned count where not every seed learned."""
     cells: dict[str, dict[str, str]] = {}
-    for line in seeds_lines[2:]:
-        probe, scheme, _, learned, _, *values = (c.strip() for c in line.strip().strip("|").split("|"))
-        k, _, n = learned.split()[:3]
-        cell = " / ".join(v.split(" ")[0] for v in values[-len(ratios):])
-        cells.setdefault(probe, {})[scheme] = cell + ("" if k == n else f" ({k} of {n} learned)")
+    for r in records:
+        cell = " / ".join("" if m is None else f"{100 * m:.0f}" for m in r["means"])
+        learned = "" if r["learned"] == r["scored"] else f" ({r['learned']} of {r['scored']} learned)"
+        cells.setdefault(r["probe"], {})[r["scheme"]] = cell + learned
     columns = [c for c in COLUMNS if any(c in row for row in cells.values())]
     lines = ["| probe | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for probe, row in cells.items():
@@ -294,9 +310,9 @@ def main(argv=None) -> int:
         if args.pairs:
             lines = pairs_table(args.dir, args.pairs.split(","), parse_int_list(args.ratios), args.task)
         elif args.seeds:
-            lines = seeds_table(args.dir, parse_int_list(args.ratios), args.task)
-            if args.compact:
-                lines = compact_table(lines, parse_int_list(args.ratios))
+            ratios = parse_int_list(args.ratios)
+            records = seeds_rows(args.dir, ratios, args.task)
+            lines = compact_table(records) if args.compact else seeds_table(records, ratios)
         elif len(args.dir) > 1:
             raise PosbenchError("several directories are read together only with --seeds")
         elif args.curves:
