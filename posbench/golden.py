@@ -33,7 +33,8 @@ from posbench.config import TrainConfig
 from posbench.data import DataConfig
 from posbench.errors import PosbenchError
 from posbench.model import ModelConfig
-from posbench.training import FINAL, RunSpec, read_log, train
+from posbench.runs import FINAL, RunSpec, read_log
+from posbench.training import train
 
 # The golden runs: rope on the ci task's text model and settings, and rope on mqar with the probe
 # suite's model, each 300 steps, stopping never (a check must see every step).

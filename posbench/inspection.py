@@ -413,7 +413,7 @@ def inspect_schemes(names, dims: Dims, n: int, out: Path, scalings=()) -> list[P
 def inspect_run(run_dir: Path, n: int, out: Path, device: str = "cpu") -> list[Picture]:
     """The pictures of a trained run's learned schemes and of its gates along a test text."""
     from posbench.data import load_tokens
-    from posbench.training import load_trained
+    from posbench.runs import load_trained
 
     spec, model, _ = load_trained(run_dir, device)
     train_len = spec.train.train_len
@@ -440,7 +440,8 @@ def inspect_runs(runs: list[Path], task, lengths: tuple[int, ...] | None, out: P
     training length, the task's other [eval] settings) into out/attention.csv with its plots
     and the perplexity tables beside it; inspect.md links them all."""
     from posbench import attention_measures, config, evaluate, results
-    from posbench.training import load_spec, resolve_device
+    from posbench.device import resolve_device
+    from posbench.runs import load_spec
 
     dev = resolve_device(device)
     drawn: list[Picture] = []

@@ -7,7 +7,7 @@ command, `plugins = [...]` in a task file (paths relative to the file), and inst
 distributions declaring entry points in the group ``posbench.plugins`` (`load_installed`).
 
 Every class registered while a plug-in is imported remembers its `Source`: the file and the sha256
-of its bytes. That hash enters the run_id of every run using the class (posbench.training.RunSpec),
+of its bytes. That hash enters the run_id of every run using the class (posbench.runs.RunSpec),
 so an edited plug-in trains a new run and never resumes or scores an old one.
 """
 

@@ -37,7 +37,8 @@ from posbench.evaluate import ATTN_BYTES, find_runs, variants_for
 from posbench.positions import evaluation_draws, evaluation_positions
 from posbench.probes import PROBES, Example, Probe, parse_probe, probe_name
 from posbench.schemes import PositionLimitError
-from posbench.training import RunSpec, autocast, load_spec, load_trained, resolve_device
+from posbench.device import autocast, resolve_device
+from posbench.runs import RunSpec, load_spec, load_trained
 
 RATIOS = (1, 2, 4, 8)  # prompt lengths, in training lengths, when the config names none
 MAX_BATCH = 64

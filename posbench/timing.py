@@ -61,7 +61,7 @@ from posbench.config import DTYPES, check_lengths, parse_int_list
 from posbench.errors import PosbenchError, did_you_mean
 from posbench.model import Attention, ModelConfig
 from posbench.schemes import SCHEMES, Dims
-from posbench.training import autocast, resolve_device
+from posbench.device import autocast, resolve_device
 
 PASSES = ("fwd", "fwd+bwd")
 BASELINE = "none"

@@ -18,7 +18,7 @@ import time
 import torch
 
 from posbench.model import ModelConfig
-from posbench.training import RunSpec, build_model
+from posbench.runs import RunSpec, build_model
 
 # The x-transformers decoder options that give each scheme (its fused SDPA path wherever it has
 # one: T5's learned bias is added to materialized scores); none turns positions off entirely.

@@ -13,7 +13,8 @@ from posbench.attention_measures import Recorder, query_measures
 from posbench.cli import main
 from posbench.config import EvalConfig
 from posbench.evaluate import extrapolate
-from posbench.training import RunSpec, train
+from posbench.runs import RunSpec
+from posbench.training import train
 
 T = 12
 

@@ -21,7 +21,7 @@ from posbench import results
 from posbench.cli import main
 from posbench.errors import PosbenchError
 from posbench.grid import ARRAY_VARIABLES, parse_shard
-from posbench.training import FINAL
+from posbench.runs import FINAL
 
 ROOT = Path(__file__).parents[1]
 

@@ -1,4 +1,4 @@
-"""The compiled training forward (posbench.training.TrainingForward): one graph per scheme, with no
+"""The compiled training forward (posbench.device.TrainingForward): one graph per scheme, with no
 read of a position back from the device, and no recompilation within a run or across the runs of
 a grid. Traced with dynamo's eager backend, which runs on CPU in seconds; tests/test_train.py
 compares compiled (inductor) and eager loss curves."""
@@ -14,7 +14,7 @@ from posbench import batches, layout
 from posbench.positions import sorted_draw, training_bound
 from posbench.schemes import SCHEMES
 from posbench.schemes.base import PositionLimitError
-from posbench.training import TrainingForward
+from posbench.device import TrainingForward
 
 T, BOUND = 16, 64
 # learned and tupe hold a table of max_position (T) rows; recurrent integrates its positions step

@@ -13,7 +13,8 @@ from posbench import results
 from posbench.cli import main
 from posbench.config import EvalConfig
 from posbench.evaluate import evaluate_run, extrapolate, score, windows
-from posbench.training import RunSpec, train
+from posbench.runs import RunSpec
+from posbench.training import train
 
 
 class ContextPredictor:

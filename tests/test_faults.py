@@ -16,7 +16,8 @@ from safetensors.torch import load_file, save_file
 from conftest import TINY_MODEL, TINY_TRAIN
 from posbench import batches, results
 from posbench.errors import PosbenchError
-from posbench.training import CHECKPOINT, FINAL, RunSpec, train
+from posbench.runs import CHECKPOINT, FINAL, RunSpec
+from posbench.training import train
 
 
 def tiny_spec(tiny_data, **train_changes) -> RunSpec:

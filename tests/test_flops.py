@@ -3,7 +3,7 @@ import torch
 
 from posbench import flops
 from posbench.model import ModelConfig
-from posbench.training import RunSpec, build_model
+from posbench.runs import RunSpec, build_model
 
 
 def test_training_flops_match_a_hand_count():

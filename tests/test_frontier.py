@@ -12,7 +12,8 @@ from conftest import TINY_MODEL, TINY_TRAIN, tiny_model
 from posbench import attention, layout
 from posbench.errors import PosbenchError
 from posbench.schemes import SCHEMES, Dims
-from posbench.training import RunSpec, train
+from posbench.runs import RunSpec
+from posbench.training import train
 
 B, H, T, D = 2, 4, 12, 16
 

@@ -15,7 +15,7 @@ from posbench import golden, training
 from posbench.config import TrainConfig
 from posbench.data import DataConfig
 from posbench.model import ModelConfig
-from posbench.training import RunSpec
+from posbench.runs import RunSpec
 
 ROOT = Path(__file__).parents[1]
 TINY = RunSpec("rope", data=DataConfig("mqar"), model=ModelConfig(d_model=16, n_layers=1, n_heads=2),

@@ -12,7 +12,8 @@ from posbench import api, inspection, results
 from posbench.cli import main
 from posbench.config import load_task
 from posbench.evaluate import scaling_of
-from posbench.training import RunSpec, load_trained, train
+from posbench.runs import RunSpec, load_trained
+from posbench.training import train
 
 L = 16
 DIMS = inspection.dims_for(load_task("quick"), L)  # d_model 128, 4 heads of 32

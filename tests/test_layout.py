@@ -13,7 +13,8 @@ from posbench.config import TrainConfig
 from posbench.errors import PosbenchError
 from posbench.model import ModelConfig
 from posbench.temperature import Temperature
-from posbench.training import RunSpec, build_model, make_optimizer
+from posbench.runs import RunSpec, build_model
+from posbench.training import make_optimizer
 
 T = 16
 
@@ -335,7 +336,7 @@ def test_model_paths_agree_with_explicit_with_gradients(spec):
 
 
 def test_plain_scheme_parameters_reach_the_model():
-    from posbench.training import RunSpec, build_model
+    from posbench.runs import RunSpec, build_model
 
     model = build_model(RunSpec("rope", params={"base": 500}), vocab_size=50)
     assert model.layout.schemes[0].p["base"] == 500.0

@@ -28,7 +28,7 @@ def test_report_on_a_damaged_windows_table_refuses_and_changes_nothing(tmp_path,
 
 
 def test_train_keeps_a_finished_run_unless_asked_to_overwrite(tiny_data, tmp_path, capsys):
-    from posbench.training import FINAL
+    from posbench.runs import FINAL
 
     runs = tmp_path / "runs"
     args = ["train", "--scheme", "rope", "--data", tiny_data.spec, "--tokenizer", "bytes", "--d-model", "16",

@@ -106,7 +106,8 @@ def test_pope_phase_offset_takes_no_weight_decay_and_its_revision_names_the_run(
 
     from conftest import TINY_MODEL, TINY_TRAIN
     from posbench.config import TrainConfig
-    from posbench.training import RunSpec, load_spec, make_optimizer
+    from posbench.runs import RunSpec, load_spec
+    from posbench.training import make_optimizer
 
     model = tiny_model("pope")
     opt = make_optimizer(model, TrainConfig(weight_decay=0.1))

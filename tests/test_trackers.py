@@ -14,7 +14,8 @@ from conftest import TINY_TRAIN
 from posbench import config, results, trackers
 from posbench.cli import main
 from posbench.errors import PosbenchError
-from posbench.training import RunSpec, train
+from posbench.runs import RunSpec
+from posbench.training import train
 
 TINY = ["--train-len", "16", "--steps", "6", "--batch-size", "4", "--d-model", "32", "--layers", "1",
         "--heads", "2", "--tokenizer", "bytes", "--device", "cpu"]

@@ -6,7 +6,8 @@ import torch
 from conftest import TINY_MODEL, TINY_TRAIN
 from posbench import results
 from posbench.errors import PosbenchError
-from posbench.training import RunSpec, load_trained, lr_at, train
+from posbench.runs import RunSpec, load_trained
+from posbench.training import lr_at, train
 
 
 def spec_for(tiny_data, scheme="rope", **train_changes) -> RunSpec:
