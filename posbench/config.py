@@ -21,7 +21,9 @@ from posbench.data import DataConfig
 from posbench.effective import LEARNED, THRESHOLD, TOLERANCE
 from posbench.errors import PosbenchError, did_you_mean
 from posbench.model import ModelConfig
-from posbench.schemes.base import MAX_INT, check_number
+from posbench.knobs import check_fields, knob
+from posbench.schemes.base import MAX_INT, Range, at_least, between, non_negative, one_of, positive
+from posbench.schemes.rotary import SCALINGS
 
 TASK_VERSION = 1
 EVAL_MODES = ("nonoverlap", "sliding")
@@ -29,64 +31,105 @@ DTYPES = ("float32", "bfloat16")
 COMPILE = ("auto", "on", "off")  # torch.compile of the training forward; auto: on for CUDA
 TRACKERS = ("none", "tensorboard", "wandb")  # posbench.trackers
 SCHEDULES = ("cosine", "constant")  # the lr after warm-up (posbench.training.lr_at)
+LENGTH = at_least(2)  # a sequence length: a next-token loss needs two tokens
+
+
+def _scaling_factor(v) -> bool:
+    return v == 0 or v >= 1
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    train_len: int = 64
-    steps: int = 500
-    batch_size: int = 32
-    lr: float = 2e-3
-    warmup: int = 50
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    eval_interval: int = 100
-    eval_windows: int = 64  # validation windows of train_len, scored at every eval_interval
-    checkpoint_interval: int = 100
-    randomize_positions: bool = False
-    randomize_max: int = 2048  # L_max of randomized positions (Ruoss et al.)
-    stop_accuracy: float = 0.0  # probes: stop once the validation accuracy reaches it (0: never)
-    schedule: str = "cosine"  # after warm-up: cosine decay to 10% of lr, or constant (fine-tuning)
-    dtype: str = "float32"
-    compile: str = "auto"
-    tracker: str = "none"  # training curves also in tensorboard | wandb (posbench.trackers)
+    train_len: int = knob(64, "training window length", positive, flag=True)
+    steps: int = knob(500, "optimizer steps", positive, flag=True)
+    batch_size: int = knob(32, "windows per step", positive, flag=True)
+    lr: float = knob(2e-3, "peak learning rate", positive, flag=True)
+    warmup: int = knob(50, "linear warm-up steps", non_negative)
+    weight_decay: float = knob(0.1, "AdamW weight decay of matrices and tables", non_negative)
+    grad_clip: float = knob(1.0, "gradient norm clip", positive)
+    eval_interval: int = knob(100, "steps between validations", positive)
+    eval_windows: int = knob(64, "validation windows of train_len, scored at every eval_interval", positive)
+    checkpoint_interval: int = knob(100, "steps between checkpoints", positive)
+    randomize_positions: bool = knob(False, "train on sorted random positions from [0, randomize_max) "
+                                     "(Ruoss et al. 2023)", flag=True)
+    randomize_max: int = knob(2048, "L_max of randomized positions (Ruoss et al.)", positive)
+    stop_accuracy: float = knob(0.0, "probes: stop once the validation accuracy reaches it (0: never)",
+                                Range("in 0..1 (0: never stop early)", lambda v: 0 <= v <= 1))
+    schedule: str = knob("cosine", "after warm-up: cosine decay to 10% of lr, or constant (fine-tuning)",
+                         one_of(*SCHEDULES))
+    dtype: str = knob("float32", "float32 | bfloat16 (autocast)", one_of(*DTYPES), flag=True)
+    compile: str = knob("auto", "auto | on | off: torch.compile the training forward (auto: on for CUDA)",
+                        one_of(*COMPILE), flag=True)
+    tracker: str = knob("none", "none | tensorboard | wandb: training curves there too", one_of(*TRACKERS),
+                        flag=True)
+
+    def check(self) -> None:
+        if self.randomize_positions and self.randomize_max < self.train_len:
+            raise PosbenchError("randomize_max must be at least train_len")
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    lengths: tuple[int, ...] = (64, 128, 256, 512, 1024)
-    mode: str = "nonoverlap"
-    stride: int = 0  # sliding only; 0 means half the window
-    tokens: int = 16384  # tokens scored at every length
-    batch_tokens: int = 16384  # tokens per forward (windows per batch = batch_tokens // L)
-    rope_scaling: tuple[str, ...] = ("none",)
-    rope_scaling_factor: float = 0.0  # 0: L_eval / L_train
-    yarn_alpha: float = 1.0
-    yarn_beta: float = 32.0
-    llama3_low: float = 1.0  # wavelengths above train_len / llama3_low are interpolated fully
-    llama3_high: float = 4.0  # wavelengths below train_len / llama3_high are kept
-    self_extend_group: int = 8  # Self-Extend G (posbench/docs/extension.md)
-    self_extend_window: int = 0  # Self-Extend W, the neighbour window; 0: train_len / 4 to the nearest multiple of G
-    rerope_window: int = 0  # ReRoPE w (posbench/docs/extension.md); 0: train_len / 4
-    rerope_leak: float = 0.0  # ReRoPE k: 0 clips relative positions at w; k >= 1: leaky ReRoPE
-    longrope_factors: tuple[float, ...] = ()  # LongRoPE lambda_t per rotated pair: longrope in rope_scaling
-    learned_extension: tuple[str, ...] = ("none",)
-    position_buckets: int = 16
-    position_draws: int = 4  # randomized runs: position draws averaged per length (posbench.positions)
-    effective_tolerance: float = TOLERANCE  # effective length: perplexity within this of in-distribution
-    effective_threshold: float = THRESHOLD  # effective length of probes: accuracy this far from chance to 1
-    learned_threshold: float = LEARNED  # probes: in-length accuracy below it reads `not learned`
+    lengths: tuple[int, ...] = knob((64, 128, 256, 512, 1024), "evaluation lengths, e.g. 64,128,256",
+                                    LENGTH, flag=True, required=True, name="lengths")
+    mode: str = knob("nonoverlap", "nonoverlap | sliding", one_of(*EVAL_MODES), flag=True)
+    stride: int = knob(0, "sliding stride (0: half the window)", non_negative, flag=True)
+    tokens: int = knob(16384, "tokens scored at every length", positive, flag=True)
+    batch_tokens: int = knob(16384, "tokens per forward (windows per batch = batch_tokens // L)", positive)
+    rope_scaling: tuple[str, ...] = knob(("none",), f"RoPE scalings read at every length: {','.join(SCALINGS)}",
+                                         flag=True)
+    rope_scaling_factor: float = knob(0.0, "RoPE scaling factor s (0: L_eval / L_train)",
+                                      Range(">= 1 (or 0: L_eval / L_train)", _scaling_factor), flag="scaling_factor",
+                                      name="rope scaling factor")
+    yarn_alpha: float = knob(1.0, "YaRN alpha (beta_slow)", positive, flag=True)
+    yarn_beta: float = knob(32.0, "YaRN beta (beta_fast)", positive, flag=True)
+    llama3_low: float = knob(1.0, "Llama 3 low_freq_factor: wavelengths above train_len / low are "
+                             "interpolated fully", flag=True)
+    llama3_high: float = knob(4.0, "Llama 3 high_freq_factor: wavelengths below train_len / high are kept",
+                              flag=True)
+    self_extend_group: int = knob(8, "Self-Extend group G", at_least(1), flag=True)
+    self_extend_window: int = knob(0, "Self-Extend neighbour window W, a multiple of G (0: train_len/4 "
+                                   "rounded to a multiple of G)", non_negative, flag=True)
+    rerope_window: int = knob(0, "ReRoPE window w (0: train_len/4)", non_negative, flag=True)
+    rerope_leak: float = knob(0.0, "ReRoPE leak k (0: clip at w; >= 1: leaky ReRoPE)",
+                              Range("0 (ReRoPE) or >= 1 (leaky ReRoPE)", lambda v: v == 0 or v >= 1), flag=True)
+    longrope_factors: tuple[float, ...] = knob((), "LongRoPE factors, one per rotated pair: longrope in "
+                                               "rope_scaling", positive, flag=True)
+    learned_extension: tuple[str, ...] = knob(("none",), "learned-table extensions: none,hierarchical",
+                                              flag=True)
+    position_buckets: int = knob(16, "buckets of the loss-by-position table", positive)
+    position_draws: int = knob(4, "randomized runs: position draws averaged per length", positive, flag=True)
+    effective_tolerance: float = knob(TOLERANCE, "effective length: perplexity within this fraction of "
+                                      "in-distribution", non_negative, flag="tolerance")
+    effective_threshold: float = knob(THRESHOLD, "effective length of probes: accuracy this far from chance "
+                                      "to 1", between(0, 1))
+    learned_threshold: float = knob(LEARNED, "probes: in-length accuracy below it reads `not learned`",
+                                    between(0, 1))
+
+    def check(self) -> None:
+        check_yarn(self.yarn_alpha, self.yarn_beta)
+        from posbench.schemes import SCHEMES
+
+        for kind in self.rope_scaling:
+            _choice("rope_scaling", kind, (*SCALINGS, "longrope") if self.longrope_factors else SCALINGS)
+        if not 0 < self.llama3_low < self.llama3_high < math.inf:
+            raise PosbenchError(f"llama3_low and llama3_high must satisfy 0 < low < high, "
+                                f"got {self.llama3_low} and {self.llama3_high}")
+        extensions = {"none", *(e for cls in SCHEMES.values() for e in cls.extensions)}
+        for name in self.learned_extension:
+            _choice("learned extension", name, extensions)
 
 
 @dataclass(frozen=True)
 class SpeedConfig:
-    lengths: tuple[int, ...] = (256, 512, 1024, 2048)
-    batch_size: int = 1
-    heads: int = 8
-    head_dim: int = 64
-    dtype: str = "float32"
-    backward: bool = True
-    repeats: int = 5
+    lengths: tuple[int, ...] = knob((256, 512, 1024, 2048), "sequence lengths, e.g. 256,512,1024", LENGTH,
+                                    flag=True, required=True)
+    batch_size: int = knob(1, "sequences per timed call", positive, flag=True)
+    heads: int = knob(8, "attention heads", positive, flag=True)
+    head_dim: int = knob(64, "dimensions per head", positive, flag=True)
+    dtype: str = knob("float32", "float32 | bfloat16", one_of(*DTYPES), flag=True)
+    backward: bool = knob(True, "time forward+backward too", flag=True)
+    repeats: int = knob(5, "timed repeats per measurement", positive, flag=True)
 
 
 @dataclass(frozen=True)
@@ -103,33 +146,68 @@ class ProbesConfig:
     # ([probes.train.copy] train_len = 32): each probe learned at a size a tiny model can learn
     train: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+    def check(self) -> None:
+        from posbench.probes import parse_probe, probe_name
+        from posbench.schemes import get_scheme
+
+        for n in self.lengths:
+            if not LENGTH.holds(n):
+                raise PosbenchError(f"lengths must be {LENGTH.says}, got {n}")
+        if self.trials <= 0:
+            raise PosbenchError(f"trials must be > 0, got {self.trials}")
+        for name in self.names:
+            parse_probe(name)
+        for name in self.randomized:
+            if not get_scheme(name).takes_positions:
+                raise PosbenchError(f"scheme {name!r} takes no integer positions to randomize")
+        named = {probe_name(n) for n in self.names}
+        for name in self.train:
+            if name not in named:
+                raise did_you_mean(name, sorted(named), "probe in [probes.train] (not in [probes] names)")
+
 
 @dataclass(frozen=True)
 class ExtendConfig:
-    """Extension by fine-tuning (posbench.extend; posbench/docs/extension.md): every finished parent of a scheme
+    """Extension by fine-tuning (posbench.extending; posbench/docs/extension.md): every finished parent of a scheme
     of `methods` fine-tuned with each of its methods to `target_len`, once per budget of `steps`
     (steps of the parent's batch size at target_len: every method of one parent gets the same
     tokens), with the parent's optimizer settings but this lr, warm-up and schedule."""
 
     methods: dict[str, tuple[str, ...]] = field(default_factory=dict)  # scheme -> methods; empty: none
-    target_len: int = 256
-    steps: tuple[int, ...] = (50,)
-    lr: float = 2e-4  # a tenth of the quick task's: fine-tuning lr well below pretraining (PI, YaRN)
-    warmup: int = 5
-    schedule: str = "constant"
-    yarn_alpha: float = 1.0
-    yarn_beta: float = 32.0
+    target_len: int = knob(256, "the length to extend to (L')", LENGTH, name="lengths")
+    steps: tuple[int, ...] = knob((50,), "budgets: steps of the parent's batch size at the target length",
+                                  Range("> 0", lambda v: v > 0), required=True, name="extend steps")
+    # a tenth of the quick task's: fine-tuning lr well below pretraining (PI, YaRN)
+    lr: float = knob(2e-4, "fine-tuning learning rate", positive)
+    warmup: int = knob(5, "warm-up steps", non_negative)
+    schedule: str = knob("constant", "constant | cosine after the warm-up", one_of(*SCHEDULES))
+    yarn_alpha: float = knob(1.0, "YaRN alpha (beta_slow)", positive)
+    yarn_beta: float = knob(32.0, "YaRN beta (beta_fast)", positive)
     # LongRoPE's evolutionary search (posbench/docs/extension.md): posbench's small preset, 16 + 10 x 16 evaluations
-    population: int = 16
-    parents: int = 8  # the best kept each iteration
-    mutation: float = 0.3  # chance that a mutation redraws each factor
-    iterations: int = 10
-    search_windows: int = 4  # validation windows of target_len that score a candidate
-    # DroPE's recalibration (posbench.extend): its Llama-2 7B run recalibrates at a third of the
+    population: int = knob(16, "longrope search: population", positive)
+    parents: int = knob(8, "longrope search: the best kept each iteration", positive)
+    mutation: float = knob(0.3, "longrope search: chance that a mutation redraws a factor",
+                           Range("in (0, 1]", lambda v: 0 < v <= 1))
+    iterations: int = knob(10, "longrope search: iterations", positive)
+    search_windows: int = knob(4, "longrope search: validation windows of target_len that score a candidate",
+                               positive)
+    # DroPE's recalibration (posbench.extending): its Llama-2 7B run recalibrates at a third of the
     # model's pretraining peak (1e-4 after 3e-4), cosine after the warm-up; a third of the quick
     # task's 2e-3
-    drope_lr: float = 7e-4
-    drope_schedule: str = "cosine"
+    drope_lr: float = knob(7e-4, "drope: the recalibration's peak learning rate", positive)
+    drope_schedule: str = knob("cosine", "drope: the schedule after the warm-up", one_of(*SCHEDULES))
+
+    def check(self) -> None:
+        from posbench.extension import METHODS
+
+        check_yarn(self.yarn_alpha, self.yarn_beta)
+        if self.parents > self.population:
+            raise PosbenchError(f"parents ({self.parents}) must not exceed population ({self.population})")
+        for methods in self.methods.values():
+            if not methods:
+                raise PosbenchError("an [extend.methods] list is empty")
+            for method in methods:
+                _choice("extension method", method, METHODS)
 
 
 @dataclass(frozen=True)
@@ -149,6 +227,32 @@ class Task:
     probes: ProbesConfig = ProbesConfig()
     extend: ExtendConfig = ExtendConfig()
     pretrained: str = ""  # [model] pretrained: hf:FOLDER or gguf:FILE evaluated in place of trained runs
+
+    def check(self) -> None:
+        from posbench import layout
+        from posbench.schemes import get_scheme
+        from posbench.schemes.base import coerce_params
+
+        if self.version > TASK_VERSION:
+            raise PosbenchError(f"task version {self.version} is newer than this posbench ({TASK_VERSION})")
+        if not self.schemes and not self.pretrained:
+            raise PosbenchError("a task needs at least one scheme")
+        if not self.seeds:
+            raise PosbenchError("a task needs at least one seed (seeds = [])")
+        check_seed(*self.seeds)
+        if len(set(self.seeds)) < len(self.seeds):
+            raise PosbenchError(f"seeds repeat: {list(self.seeds)}")
+        for name in self.schemes:
+            layout.check(name)
+        for name in self.probes.train:
+            self.train_for(name)  # every override a valid [train]
+        check_extend_pairings(self)
+        for name, params in self.params.items():
+            plain = layout.parse(name).plain()
+            if plain is None:
+                raise PosbenchError(f"params for layout {name!r}: a layout takes its parameters "
+                                    "inside its spec (e.g. rope:base=500000@w16)")
+            coerce_params(get_scheme(plain[0]), params)
 
     def train_for(self, spec: str) -> TrainConfig:
         """The training settings of runs on data `spec`: [train], with the keys of
@@ -252,6 +356,11 @@ def build(cls, raw: dict[str, Any], where: str = ""):
     return obj
 
 
+def coerce_field(cls, name: str, value: Any) -> Any:
+    """`value` for field `name` of config class `cls`, strictly, as a task file's would be read."""
+    return _coerce(typing.get_type_hints(cls)[name], value, name)
+
+
 def _coerce(hint, value, where: str):
     origin = typing.get_origin(hint)
     if dataclasses.is_dataclass(hint):
@@ -281,128 +390,14 @@ def _coerce(hint, value, where: str):
 
 
 def validate(obj) -> None:
-    """Range checks, shared by task files and command-line overrides."""
-    _check_numbers(obj)
-    if isinstance(obj, TrainConfig):
-        _positive(obj, "train_len", "steps", "batch_size", "eval_interval", "eval_windows",
-                  "checkpoint_interval", "lr", "grad_clip", "randomize_max")
-        _non_negative(obj, "warmup", "weight_decay")
-        _choice("dtype", obj.dtype, DTYPES)
-        _choice("compile", obj.compile, COMPILE)
-        _choice("tracker", obj.tracker, TRACKERS)
-        _choice("schedule", obj.schedule, SCHEDULES)
-        if obj.randomize_positions and obj.randomize_max < obj.train_len:
-            raise PosbenchError("randomize_max must be at least train_len")
-        if not 0 <= obj.stop_accuracy <= 1:
-            raise PosbenchError(f"stop_accuracy must be in 0..1 (0: never stop early), got {obj.stop_accuracy}")
-    elif isinstance(obj, EvalConfig):
-        check_lengths(obj.lengths)
-        _positive(obj, "tokens", "batch_tokens", "position_buckets", "position_draws", "yarn_alpha",
-                  "yarn_beta")
-        _non_negative(obj, "stride")
-        _choice("mode", obj.mode, EVAL_MODES)
-        if 0 < obj.rope_scaling_factor < 1 or obj.rope_scaling_factor < 0:
-            raise PosbenchError(f"rope scaling factor must be >= 1 (or 0: L_eval / L_train), "
-                                f"got {obj.rope_scaling_factor}")
-        if obj.yarn_alpha >= obj.yarn_beta:
-            raise PosbenchError(f"yarn_alpha ({obj.yarn_alpha}) must be below yarn_beta ({obj.yarn_beta})")
-        from posbench.schemes import SCHEMES
-        from posbench.schemes.rotary import SCALINGS
+    """Range checks, shared by task files and command-line overrides: each field's declared range
+    (posbench.knobs), then the dataclass's own checks across fields."""
+    check_fields(obj)
 
-        for kind in obj.rope_scaling:
-            _choice("rope_scaling", kind, (*SCALINGS, "longrope") if obj.longrope_factors else SCALINGS)
-        if any(f <= 0 for f in obj.longrope_factors):
-            raise PosbenchError("longrope_factors must be > 0")
-        if not 0 < obj.llama3_low < obj.llama3_high < math.inf:
-            raise PosbenchError(f"llama3_low and llama3_high must satisfy 0 < low < high, "
-                                f"got {obj.llama3_low} and {obj.llama3_high}")
-        if not obj.effective_tolerance >= 0:
-            raise PosbenchError(f"effective_tolerance must be >= 0, got {obj.effective_tolerance}")
-        if not 0 <= obj.effective_threshold <= 1:
-            raise PosbenchError(f"effective_threshold must be in [0, 1], got {obj.effective_threshold}")
-        if not 0 <= obj.learned_threshold <= 1:
-            raise PosbenchError(f"learned_threshold must be in [0, 1], got {obj.learned_threshold}")
-        if obj.self_extend_group < 1:
-            raise PosbenchError(f"self_extend_group must be >= 1, got {obj.self_extend_group}")
-        _non_negative(obj, "self_extend_window", "rerope_window")
-        if 0 < obj.rerope_leak < 1 or obj.rerope_leak < 0:
-            raise PosbenchError(f"rerope_leak must be 0 (ReRoPE) or >= 1 (leaky ReRoPE), got {obj.rerope_leak}")
-        extensions = {"none", *(e for cls in SCHEMES.values() for e in cls.extensions)}
-        for name in obj.learned_extension:
-            _choice("learned extension", name, extensions)
-    elif isinstance(obj, SpeedConfig):
-        check_lengths(obj.lengths)
-        _positive(obj, "batch_size", "heads", "head_dim", "repeats")
-        _choice("dtype", obj.dtype, DTYPES)
-    elif isinstance(obj, ProbesConfig):
-        from posbench.probes import parse_probe, probe_name
-        from posbench.schemes import get_scheme
 
-        if obj.lengths:
-            check_lengths(obj.lengths)
-        _positive(obj, "trials")
-        for name in obj.names:
-            parse_probe(name)
-        for name in obj.randomized:
-            if not get_scheme(name).takes_positions:
-                raise PosbenchError(f"scheme {name!r} takes no integer positions to randomize")
-        named = {probe_name(n) for n in obj.names}
-        for name in obj.train:
-            if name not in named:
-                raise did_you_mean(name, sorted(named), "probe in [probes.train] (not in [probes] names)")
-    elif isinstance(obj, ExtendConfig):
-        from posbench.extension import METHODS
-
-        check_lengths((obj.target_len,))
-        if not obj.steps:
-            raise PosbenchError("extend steps is empty: give at least one budget")
-        if min(obj.steps) < 1:
-            raise PosbenchError(f"extend steps must be > 0, got {min(obj.steps)}")
-        _positive(obj, "lr", "yarn_alpha", "yarn_beta", "population", "parents", "iterations", "search_windows",
-                  "drope_lr")
-        _non_negative(obj, "warmup")
-        _choice("schedule", obj.schedule, SCHEDULES)
-        _choice("drope_schedule", obj.drope_schedule, SCHEDULES)
-        if obj.yarn_alpha >= obj.yarn_beta:
-            raise PosbenchError(f"yarn_alpha ({obj.yarn_alpha}) must be below yarn_beta ({obj.yarn_beta})")
-        if obj.parents > obj.population:
-            raise PosbenchError(f"parents ({obj.parents}) must not exceed population ({obj.population})")
-        if not 0 < obj.mutation <= 1:
-            raise PosbenchError(f"mutation must be in (0, 1], got {obj.mutation}")
-        for methods in obj.methods.values():
-            if not methods:
-                raise PosbenchError("an [extend.methods] list is empty")
-            for method in methods:
-                _choice("extension method", method, METHODS)
-    elif isinstance(obj, ModelConfig):
-        _positive(obj, "d_model", "n_layers", "n_heads", "mlp_ratio")
-        if obj.d_model % obj.n_heads:
-            raise PosbenchError(f"d_model {obj.d_model} is not divisible by n_heads {obj.n_heads}")
-    elif isinstance(obj, Task):
-        if obj.version > TASK_VERSION:
-            raise PosbenchError(f"task version {obj.version} is newer than this posbench ({TASK_VERSION})")
-        if not obj.schemes and not obj.pretrained:
-            raise PosbenchError("a task needs at least one scheme")
-        if not obj.seeds:
-            raise PosbenchError("a task needs at least one seed (seeds = [])")
-        check_seed(*obj.seeds)
-        if len(set(obj.seeds)) < len(obj.seeds):
-            raise PosbenchError(f"seeds repeat: {list(obj.seeds)}")
-        from posbench import layout
-        from posbench.schemes import get_scheme
-        from posbench.schemes.base import coerce_params
-
-        for name in obj.schemes:
-            layout.check(name)
-        for name in obj.probes.train:
-            obj.train_for(name)  # every override a valid [train]
-        check_extend_pairings(obj)
-        for name, params in obj.params.items():
-            plain = layout.parse(name).plain()
-            if plain is None:
-                raise PosbenchError(f"params for layout {name!r}: a layout takes its parameters "
-                                    "inside its spec (e.g. rope:base=500000@w16)")
-            coerce_params(get_scheme(plain[0]), params)
+def check_yarn(alpha: float, beta: float) -> None:
+    if alpha >= beta:
+        raise PosbenchError(f"yarn_alpha ({alpha}) must be below yarn_beta ({beta})")
 
 
 def check_extend_pairings(task: Task) -> None:
@@ -419,14 +414,6 @@ def check_extend_pairings(task: Task) -> None:
             check_pairing(name, built, method, t.train_len, task.extend.target_len)
 
 
-def _check_numbers(obj) -> None:
-    """Every number of a config: no nan or inf, no integer beyond MAX_INT (tuples item by item)."""
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        for v in value if isinstance(value, tuple) else (value,):
-            check_number(v, f.name)
-
-
 def check_seed(*seeds: int) -> None:
     for seed in seeds:
         if not 0 <= seed <= MAX_INT:
@@ -439,18 +426,6 @@ def check_lengths(lengths) -> None:
     bad = [n for n in lengths if n < 2]
     if bad:
         raise PosbenchError(f"lengths must be >= 2, got {bad[0]}")
-
-
-def _positive(obj, *names: str) -> None:
-    for name in names:
-        if getattr(obj, name) <= 0:
-            raise PosbenchError(f"{name} must be > 0, got {getattr(obj, name)}")
-
-
-def _non_negative(obj, *names: str) -> None:
-    for name in names:
-        if getattr(obj, name) < 0:
-            raise PosbenchError(f"{name} must be >= 0, got {getattr(obj, name)}")
 
 
 def _choice(name: str, value: str, choices) -> None:

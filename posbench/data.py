@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from posbench.errors import PosbenchError, naming
+from posbench.knobs import knob
 from posbench.probes import PROBES, TOKENIZER, parse_probe, probe_name
 from posbench.probes.symbols import SYMBOLS
 
@@ -43,9 +44,9 @@ CACHE_FORMAT = 1
 class DataConfig:
     """A probe's data always takes the probe family's symbol vocabulary, whatever was asked."""
 
-    spec: str = "pystdlib"
-    tokenizer: str = "bpe"  # bpe | bytes | symbols (probes)
-    vocab_size: int = 2048  # bpe only
+    spec: str = knob("pystdlib", "pystdlib | files:PATH_OR_GLOB | hf:NAME[:CONFIG]", flag="data")
+    tokenizer: str = knob("bpe", "bpe | bytes (symbols: probes)", flag=True)
+    vocab_size: int = knob(2048, "BPE vocabulary size", flag=True)
 
     def __post_init__(self):
         if is_probe(self):

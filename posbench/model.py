@@ -18,16 +18,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from posbench import attention
+from posbench.errors import PosbenchError
+from posbench.knobs import knob
 from posbench.layout import LayerPlan, ModelLayout
+from posbench.schemes.base import positive
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int = 0  # filled from the tokenizer
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
-    mlp_ratio: int = 4
+    d_model: int = knob(128, "model width", positive, flag=True)
+    n_layers: int = knob(4, "transformer blocks", positive, flag="layers")
+    n_heads: int = knob(4, "attention heads per block", positive, flag="heads")
+    mlp_ratio: int = knob(4, "MLP width as a multiple of d_model", positive)
+
+    def check(self) -> None:
+        if self.d_model % self.n_heads:
+            raise PosbenchError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
 
 
 class Attention(nn.Module):
