@@ -1,12 +1,14 @@
 """posbench: positional-encoding benchmark and length-extrapolation harness.
 
-The commands are functions too (posbench.api): ``posbench.train``, ``extrapolate``, ``probe``,
-``speed``, ``run`` and ``check``, imported on first use so that ``import posbench`` stays cheap.
+Every command is a function too (posbench.api): ``posbench.train``, ``posbench.extrapolate``,
+``posbench.compare``, ..., imported on first use so that ``import posbench`` stays cheap. The
+catalogue is ``posbench.api.schemes()``: ``posbench.schemes`` is the package plug-ins import.
 """
 
 __version__ = "0.1.0"
 
-API = ("train", "extrapolate", "probe", "speed", "run", "check")
+API = ("check", "train", "extrapolate", "inspect", "extend", "speed", "run", "submit", "compare",
+       "paired", "report", "tasks", "probe", "table")  # posbench.commands.NAMES but schemes
 
 
 def __getattr__(name: str):

@@ -119,9 +119,9 @@ def plot(rows, path: Path, extrapolation=None) -> Path:
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from posbench import report
+    from posbench import reporting
 
-    df = report.labelled_frame(rows, "entropy")
+    df = reporting.labelled_frame(rows, "entropy")
     for name in MEASURES:
         df[name] = pd.to_numeric(df[name], errors="coerce")
     means = df.groupby(["label", "eval_len"])[list(MEASURES)].mean().reset_index()
@@ -130,15 +130,15 @@ def plot(rows, path: Path, extrapolation=None) -> Path:
     for ax, name in panels:
         for i, (label, g) in enumerate(sorted(means.groupby("label"))):
             g = g.dropna(subset=[name]).sort_values("eval_len")
-            ax.plot(g["eval_len"], g[name], label=label, **report.line_style(i))
+            ax.plot(g["eval_len"], g[name], label=label, **reporting.line_style(i))
         ax.set_ylabel(LABELS[name])
     last = axes.flat[len(MEASURES)]
     if extrapolation:
-        ppl = report.extrapolation_frame(extrapolation).dropna(subset=["ppl"])
+        ppl = reporting.extrapolation_frame(extrapolation).dropna(subset=["ppl"])
         ppl = ppl[ppl["label"].isin(set(means["label"]))]
         for i, (label, g) in enumerate(sorted(ppl.groupby("label"))):
             g = g.groupby("eval_len")["ppl"].mean()
-            last.plot(g.index, g.values, label=label, **report.line_style(i))
+            last.plot(g.index, g.values, label=label, **reporting.line_style(i))
         last.set_yscale("log")
         last.set_ylabel("perplexity")
         panels.append((last, "ppl"))
@@ -165,9 +165,9 @@ def plot_layers(rows, path: Path, measure: str = "entropy_norm") -> Path:
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from posbench import report
+    from posbench import reporting
 
-    df = report.labelled_frame(rows, measure)
+    df = reporting.labelled_frame(rows, measure)
     df["layer"] = df["layer"].astype(int)
     layers = sorted(df["layer"].unique())
     fig, axes = plt.subplots(1, len(layers), figsize=(3.6 * len(layers), 3.8), squeeze=False, sharey=True)
@@ -175,7 +175,7 @@ def plot_layers(rows, path: Path, measure: str = "entropy_norm") -> Path:
         g = df[df["layer"] == layer].groupby(["label", "eval_len"])[measure].mean().reset_index()
         for i, (label, lg) in enumerate(sorted(g.groupby("label"))):
             lg = lg.dropna(subset=[measure]).sort_values("eval_len")
-            ax.plot(lg["eval_len"], lg[measure], label=label, **report.line_style(i))
+            ax.plot(lg["eval_len"], lg[measure], label=label, **reporting.line_style(i))
         for n in sorted(pd.to_numeric(df["train_len"]).astype(int).unique()):
             ax.axvline(n, color="grey", linestyle="--", linewidth=1)
         ax.set_xscale("log", base=2)

@@ -4,7 +4,7 @@
   exactly the draws of the training loop before probes trained on examples, so LM runs keep their
   numbers and run_ids.
 - `PoseWindows`: windows of train_len in PoSE's two chunks, positions skip-wise up to a child's
-  target length (posbench.extend).
+  target length (posbench.extending).
 - `ProbeExamples`: a probe's whole examples, one per row, of lengths drawn across the length
   curriculum (posbench.probes.base), padded at the end; only the answer tokens carry loss, as in
   Zoology and the randomized-PE suite (labels -100 elsewhere there, a zero mask here).
@@ -144,7 +144,7 @@ def answer_verdicts(hit: torch.Tensor, examples) -> list[list[bool]]:
 
 class ProbeExamples:
     """A probe's examples, one per row, lengths across the curriculum up to train_len; with a
-    `target` (a PoSE child, posbench.extend), read at PoSE's skip-wise positions up to it."""
+    `target` (a PoSE child, posbench.extending), read at PoSE's skip-wise positions up to it."""
 
     def __init__(self, probe: Probe, t, target: int | None = None):
         probe.training_example(random.Random(0), t.train_len)  # a train_len too short fails here

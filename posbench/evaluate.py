@@ -23,7 +23,7 @@ independent; sliding windows overlap by L - S tokens, so each block of ceil(L / 
 windows, whose contexts chain into each other, is one observation (batch means,
 `stats.batch_se`; a randomized run's window loss is its mean over the draws). Each window's loss
 also goes to windows.csv (window index, start offset in the test stream), for paired comparisons
-of two models on the same windows (posbench.paired).
+of two models on the same windows (posbench.pairing).
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ from posbench.positions import evaluation_draws, evaluation_positions
 from posbench.probes import PROBES, probe_name
 from posbench.schemes import SCHEMES, PositionLimitError
 from posbench.schemes.rotary import RopeScaling
-from posbench.training import FINAL, RunSpec, autocast, load_trained, resolve_device
+from posbench.device import autocast, resolve_device
+from posbench.runs import FINAL, RunSpec, load_trained
 
 ATTN_BYTES = 512 * 2**20  # cap on one batch's attention scores (B * H * L * L floats)
 
@@ -92,7 +93,7 @@ def variants_for(spec: RunSpec, cfg: EvalConfig, layout) -> list[Variant]:
     """The variants that apply to this run's schemes (others are skipped, not failed). RoPE
     scalings skip a run trained on randomized positions: it saw positions up to randomize_max,
     so rescaling by L_eval / L_train would move its positions away from the trained ones; and a
-    child fine-tuned with a rescaling (posbench.extend), which is evaluated with its own alone."""
+    child fine-tuned with a rescaling (posbench.extending), which is evaluated with its own alone."""
     rescaled = spec.extension is not None and spec.extension.rescaling != "plain"
     scalable = layout.scalable and not spec.train.randomize_positions and not rescaled
     scalings = [scaling_of(k, cfg) for k in cfg.rope_scaling] if scalable else [RopeScaling()]

@@ -39,7 +39,9 @@ from posbench.errors import PosbenchError, RunFailed, on_interrupt
 from posbench.extension import DROPE, METHODS, Extension, check_pairing
 from posbench.probes import parse_probe
 from posbench.schemes.rotary import RopeScaling, yarn_ramp
-from posbench.training import FINAL, RunSpec, load_trained, resolve_device, train
+from posbench.device import resolve_device
+from posbench.runs import FINAL, RunSpec, load_trained
+from posbench.training import train
 
 SEARCH = ("population", "parents", "mutation", "iterations", "search_windows")
 STEP = 0.01  # LongRoPE's grid of factors (Table 4)

@@ -1,5 +1,5 @@
 """What makes a run a child (posbench/docs/extension.md): the parent it was fine-tuned
-from, the method, the target length and the method's settings. posbench.extend builds children;
+from, the method, the target length and the method's settings. posbench.extending builds children;
 training and evaluation read this record only, so a child's evaluation applies its method
 (the rescaling it trained with) by itself.
 
@@ -18,7 +18,7 @@ Methods, with s = L' / L (L: the parent's training length, L': the target):
   covering L' (posbench.positions.pose_positions), under the rescaling R;
 - `drope` (Gelberg et al. 2025, DroPE): the child's layout is the parent's with every RoPE layer
   NoPE (`none`), on the parent's weights, recalibrated at L with the reference's lr schedule
-  (posbench.extend); evaluated with no positional encoding at any length.
+  (posbench.extending); evaluated with no positional encoding at any length.
 """
 
 from __future__ import annotations

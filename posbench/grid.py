@@ -1,5 +1,5 @@
 """`posbench run TASK`: the whole grid in one command: train every scheme x seed, extend the
-task's [extend] schemes by fine-tuning (posbench.extend), extrapolate parents and children,
+task's [extend] schemes by fine-tuning (posbench.extending), extrapolate parents and children,
 train and score one model per probe x scheme x seed (the task's [probes]), time the kernels,
 write the report. Finished
 work (same resolved config, same run_id) is skipped, and `--shard I/N` runs a deterministic slice
@@ -16,7 +16,9 @@ from posbench import layout, plugins, results
 from posbench.config import Task
 from posbench.data import cached_tokens, is_probe
 from posbench.errors import PosbenchError, RunFailed, on_interrupt
-from posbench.training import FINAL, RunSpec, load_trained, resolve_device, train
+from posbench.device import resolve_device
+from posbench.runs import FINAL, RunSpec, load_trained
+from posbench.training import train
 
 
 def parse_shard(text: str | None, environ=os.environ) -> tuple[int, int]:
@@ -169,14 +171,14 @@ def run_extend(task: Task, out: Path, specs: list[RunSpec], device: str, resume:
                log) -> list[RunSpec]:
     """The children of this shard's text runs of the task's [extend] schemes (finished ones
     skipped); returns those that trained, to be evaluated with the others."""
-    from posbench import extend
+    from posbench import extending
 
     methods = {layout.recorded(k): v for k, v in task.extend.methods.items()}
     parents = [s for s in specs if s.data == task.data and s.train == task.train and s.scheme in methods]
     if not parents:
         return []
     schemes = tuple(dict.fromkeys(s.scheme for s in parents))
-    children, failed = extend.extend(out, task.extend, lambda scheme: methods[scheme], schemes, device, resume,
+    children, failed = extending.extend(out, task.extend, lambda scheme: methods[scheme], schemes, device, resume,
                                      log=log, data_cache=cache, only={s.run_id for s in parents})
     done["failed"] += failed
     return [c for c in children if c.run_id not in failed]

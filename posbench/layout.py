@@ -345,7 +345,7 @@ def recorded(name: str) -> str:
 def without_rope(name: str) -> str:
     """The scheme or layout `name` with every RoPE-family layer (rope, p-rope, resonance: those
     that take a RoPE scaling) replaced by NoPE, its span, temperature and modifiers kept: the
-    child of a DroPE extension (posbench.extend). The recorded name: ``none`` for ``rope``."""
+    child of a DroPE extension (posbench.extending). The recorded name: ``none`` for ``rope``."""
     parsed = parse(name)
     pattern = tuple(dataclasses.replace(lay, scheme="none", params=())
                     if hasattr(get_scheme(lay.scheme), "set_scaling") else lay for lay in parsed.pattern)

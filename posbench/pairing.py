@@ -47,7 +47,7 @@ def paired(directory: Path | str, a: str, b: str, lengths: tuple[int, ...] | Non
     """One row per length and protocol that both A and B were evaluated at: the mean loss
     difference A - B with its 95% interval, the perplexity ratio and a verdict."""
     from posbench.evaluate import correlated_windows
-    from posbench.report import label
+    from posbench.reporting import label
 
     path = results.table_path(directory, "windows")
     rows = [r for r in results.read_rows(path)
@@ -126,7 +126,7 @@ def paired_probes(directory: Path | str, a: str, b: str, probe: str | None = Non
       intervals of each (evaluation noise only: it holds for these two models, not the schemes).
 
     Positive differences favour A."""
-    from posbench.report import label
+    from posbench.reporting import label
 
     path = results.table_path(directory, "probes")
     rows = [r for r in results.read_probes(directory)

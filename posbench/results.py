@@ -49,7 +49,7 @@ TABLES: dict[str, dict[str, list[str]]] = {
                     "ppl", "loss_se", "ppl_lo", "ppl_hi", "backend", "status", "reason",
                     "parent_run", "extend_method", "extend_len", "extend_steps"] + PROVENANCE,
     },
-    # Each scored window's mean loss: what posbench.paired pairs between two models.
+    # Each scored window's mean loss: what posbench.pairing pairs between two models.
     "windows": {
         "key": ["run_id", "eval_len", "mode", "stride", "scaling", "extension", "window"],
         "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "eval_len", "mode",

@@ -24,7 +24,7 @@ from posbench import results
 from posbench.attention import Span
 from posbench.attention_measures import MEASURES, Recorder
 from posbench.errors import PosbenchError
-from posbench.report import label, markdown_table
+from posbench.reporting import label, markdown_table
 
 
 def frame(directory: Path) -> pd.DataFrame:

@@ -21,8 +21,8 @@ import pandas as pd
 from posbench import results, stats
 from posbench.config import parse_int_list
 from posbench.errors import PosbenchError
-from posbench.paired import paired
-from posbench.report import label
+from posbench.pairing import paired
+from posbench.reporting import label
 
 PAIRS = "yarn:pi,ntk:pi,pose+yarn:plain,pose+yarn:yarn,longrope:yarn,plain:parent,drope:yarn,drope:pose+yarn,drope:parent"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from posbench import report, results, stats
+from posbench import reporting, results, stats
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 # (results folder, labels as the tables print them), in the order of the table
@@ -34,14 +34,14 @@ def rows(table: str, groups=ROWS) -> list[dict]:
     out = []
     for folder, labels in groups:
         out += [r for r in results.read_rows(results.table_path(RESULTS / folder, table))
-                if report.label(r) in labels]
+                if reporting.label(r) in labels]
     return out
 
 
 def table() -> str:
     groups = ROWS + FRONTIER
-    df = report.extrapolation_frame(rows("extrapolation", groups))
-    effective = report.effective_cells(rows("effective_length", groups))
+    df = reporting.extrapolation_frame(rows("extrapolation", groups))
+    effective = reporting.effective_cells(rows("effective_length", groups))
     body = []
     for _, labels in groups:
         for name in labels:
@@ -52,12 +52,12 @@ def table() -> str:
                 cells.append(f"{iv.mean:.1f} [{iv.lo:.1f}, {iv.hi:.1f}]")
             body.append([f"`{name}`", str(mine["seed"].nunique()), *cells, effective[(name, "nonoverlap")]])
     headers = ["scheme", "seeds", *(f"{n} ({n // LENGTHS[0]}x)" for n in LENGTHS), "effective length"]
-    return report.markdown_table(headers, body)
+    return reporting.markdown_table(headers, body)
 
 
 def main() -> int:
     print(table())
-    path = report.plot_extrapolation(rows("extrapolation"), RESULTS / "headline.png")
+    path = reporting.plot_extrapolation(rows("extrapolation"), RESULTS / "headline.png")
     print(f"wrote {path}", file=sys.stderr)
     return 0
 

@@ -47,7 +47,7 @@ from posbench import results, stats
 from posbench.config import parse_int_list
 from posbench.errors import PosbenchError
 from posbench.probes import PROBES
-from posbench.report import label
+from posbench.reporting import label
 
 ORDER = ["mqar", "passkey", "multikey", "multivalue", "multiquery", "vartrack", "copy", "reverse", "sort",
          "parity", "addition"]  # the order of results/probes/README.md; probes not named here follow

@@ -386,12 +386,12 @@ def test_ctrl_c_while_scoring_probes(probe_run, capsys, tmp_path, monkeypatch):
 
 def test_ctrl_c_during_the_longrope_search(trained, capsys, tmp_path, monkeypatch):
     """typer answered it with a silent exit 130: one line now, and nothing of the child written."""
-    from posbench import extend
+    from posbench import extending
 
     def pressed(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(extend.Search, "score", pressed)
+    monkeypatch.setattr(extending.Search, "score", pressed)
     runs, _ = _copy_runs(trained, tmp_path)
     before = snapshot(runs)
     line = fails(["extend", "--runs-dir", runs, "--method", "longrope", "--target-len", "32", "--steps", "2",

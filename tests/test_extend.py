@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from conftest import TINY_MODEL, TINY_PASSKEY, TINY_TASK, TINY_TRAIN, tiny_model
-from posbench import config, extend, layout, results
+from posbench import config, extending, layout, results
 from posbench.cli import main
 from posbench.errors import PosbenchError
 from posbench.positions import pose_positions
 from posbench.schemes.rotary import RopeScaling, rope_frequencies, self_extend_positions
-from posbench.training import RunSpec, build_model, load_parent, load_trained, train
+from posbench.runs import RunSpec, build_model, load_parent, load_trained
+from posbench.training import train
 
 D, BASE, L = 8, 10000.0, 64
 INV = [BASE ** (-2 * t / D) for t in range(D // 2)]
@@ -60,7 +61,7 @@ def test_longrope_is_long_factors_only_and_says_so(capsys):
 
 def test_longrope_seeds_reproduce_pi_ntk_and_yarn():
     """The search's seeds, as factors, give the frequencies of PI, NTK and YaRN at s = 4."""
-    seeds = extend.seed_factors(D // 2, BASE, L, 4.0)
+    seeds = extending.seed_factors(D // 2, BASE, L, 4.0)
     for kind in ("pi", "ntk", "yarn"):
         want, _ = rope_frequencies(D, BASE, L, RopeScaling(kind, 4.0), 256)
         got = torch.tensor(INV, dtype=torch.float64) / torch.tensor(seeds[kind], dtype=torch.float64)
@@ -75,7 +76,7 @@ def test_search_keeps_factors_on_the_grid_and_non_decreasing():
         return sum((f - t) ** 2 for f, t in zip(factors, (1, 2, 3, 4)))
 
     settings = {"population": 8, "parents": 4, "mutation": 0.5, "iterations": 5}
-    found = extend.Search(fitness, 4, 4.0, settings, seed=0).run(extend.seed_factors(4, BASE, L, 4.0))
+    found = extending.Search(fitness, 4, 4.0, settings, seed=0).run(extending.seed_factors(4, BASE, L, 4.0))
     assert found["evaluations"] == len(set(calls)) <= 8 + 5 * 8
     for factors in calls:
         assert list(factors) == sorted(factors) and 1.0 <= factors[0] and factors[-1] <= 5.0
@@ -194,7 +195,7 @@ def parent(tiny_data, tmp_path_factory):
 def test_children_get_equal_tokens_and_their_own_run_ids(parent):
     _, spec = parent
     cfg = dataclasses.replace(EXTEND, steps=(3,))
-    children = {m: extend.child_spec(spec, m, 3, cfg) for m in ("plain", "pi", "yarn", "longrope", "pose+yarn")}
+    children = {m: extending.child_spec(spec, m, 3, cfg) for m in ("plain", "pi", "yarn", "longrope", "pose+yarn")}
     tokens = {m: c.train.steps * c.train.batch_size * c.train.train_len for m, c in children.items()}
     assert set(tokens.values()) == {3 * TINY_TRAIN.batch_size * 32}
     assert children["pose+yarn"].train.train_len == 16 and children["pose+yarn"].train.steps == 6
@@ -210,7 +211,7 @@ def test_a_child_at_step_zero_is_its_parent_under_its_rescaling(parent, tiny_dat
     x = torch.randint(0, vocab, (2, 32))
     for method, scaling in (("plain", RopeScaling()), ("pi", RopeScaling("pi", 2.0)),
                             ("yarn", RopeScaling("yarn", 2.0))):
-        child = extend.child_spec(spec, method, 2, EXTEND)
+        child = extending.child_spec(spec, method, 2, EXTEND)
         model = build_model(child, vocab)
         load_parent(model, child, runs)
         parent_model.layout.set_scaling(scaling)
@@ -224,7 +225,7 @@ def test_a_child_resumes_exactly_and_evaluates_with_its_method(parent, tmp_path)
     runs, spec = parent
     for name in ("whole", "split"):
         shutil.copytree(runs, tmp_path / name)
-    child = extend.child_spec(spec, "pose+yarn", 2, EXTEND)  # 4 steps of rows of 16
+    child = extending.child_spec(spec, "pose+yarn", 2, EXTEND)  # 4 steps of rows of 16
     whole = train(child, tmp_path / "whole", device="cpu", progress=False).row
     part = train(child, tmp_path / "split", device="cpu", progress=False, stop_after=2)
     assert part.row["status"] == "partial"
@@ -238,7 +239,7 @@ def test_a_child_resumes_exactly_and_evaluates_with_its_method(parent, tmp_path)
 
 def test_a_deleted_parent_is_one_line(parent, tmp_path):
     _, spec = parent
-    child = extend.child_spec(spec, "plain", 2, EXTEND)
+    child = extending.child_spec(spec, "plain", 2, EXTEND)
     with pytest.raises(PosbenchError, match="parent run .* is missing or unfinished"):
         train(child, tmp_path, device="cpu", progress=False)
 
@@ -284,7 +285,7 @@ def test_extend_command_end_to_end(parent, corpus_dir, tmp_path, capsys):
     ext = results.read_rows(runs / "extrapolation.csv")
     assert {r["extend_method"] for r in ext} == {"", "plain", "pi", "yarn", "longrope", "pose+yarn"}
     assert {r["train_len"] for r in ext} == {"16"}
-    from posbench.paired import paired
+    from posbench.pairing import paired
 
     assert paired(runs, "rope>yarn@32:2", "rope>pi@32:2", (32,))[0]["seeds"] == 1
     assert main([*args, "--method", "plain"]) == 0  # finished children are skipped
@@ -402,8 +403,8 @@ def test_drope_child_is_nope_on_the_parents_weights_at_the_parents_length(parent
     child is the parent with every rotation the identity (cos 1, sin 0), as the reference's."""
     runs, spec = parent
     cfg = dataclasses.replace(EXTEND, steps=(3,), drope_lr=5e-4)
-    child = extend.child_spec(spec, "drope", 3, cfg)
-    yarn = extend.child_spec(spec, "yarn", 3, cfg)
+    child = extending.child_spec(spec, "drope", 3, cfg)
+    yarn = extending.child_spec(spec, "yarn", 3, cfg)
     assert child.scheme == "none" and child.params == {} and child.original_len == 16
     assert (child.train.train_len, child.train.steps) == (16, 6)
     assert child.train.steps * child.train.train_len == yarn.train.steps * yarn.train.train_len

@@ -125,7 +125,7 @@ def test_report_and_plots_hold_the_rows(full_run, tmp_path, monkeypatch):
 
     import matplotlib.figure
 
-    from posbench.report import label
+    from posbench.reporting import label
 
     figures = {}
     save = matplotlib.figure.Figure.savefig

@@ -4,7 +4,7 @@ import pytest
 
 from posbench import results
 from posbench.cli import main
-from posbench.paired import paired_probes
+from posbench.pairing import paired_probes
 
 
 def probe_row(scheme, seed, length, hits, answers=200, probe="mqar", task="t"):

@@ -14,7 +14,8 @@ from posbench.evaluate import evaluate_run
 from posbench.model import Transformer
 from posbench.positions import evaluation_positions
 from posbench.schemes import PositionLimitError
-from posbench.training import RunSpec, train
+from posbench.runs import RunSpec
+from posbench.training import train
 
 RANDOMIZED = TrainConfig(train_len=16, randomize_positions=True, randomize_max=64)
 RANDOMIZED_RUN = dataclasses.replace(TINY_TRAIN, randomize_positions=True, randomize_max=256)
@@ -105,7 +106,7 @@ def test_randomized_run_probes_read_the_draws(tmp_path, seen_positions):
 
 def test_tables_tell_randomized_runs_apart():
     """A randomized run and a plain run of one scheme are two rows of a table, not one mean."""
-    from posbench.report import label
+    from posbench.reporting import label
 
     assert label({"scheme": "rope", "position_draws": "4"}) == "rope+randomized"
     assert label({"scheme": "rope", "position_draws": 0}) == label({"scheme": "rope"}) == "rope"

@@ -103,7 +103,7 @@ def test_fractions_round_down():
 def test_report_keeps_runs_with_other_parameters_apart_from_seeds():
     """rope and rope fraction=0.25 are two rows of the table, not one averaged over "seeds";
     a row from before `fraction` existed (no fraction in params) is plain rope."""
-    from posbench.report import label, ppl_grid
+    from posbench.reporting import label, ppl_grid
 
     rows = [{"scheme": "rope", "params": params, "eval_len": 64, "ppl": ppl, "status": "ok",
              "scaling": "none", "extension": "none"}

@@ -7,9 +7,9 @@ import pytest
 
 from posbench import effective, results
 from posbench.cli import main
-from posbench.compare import compare
-from posbench.paired import paired
-from posbench.report import accuracy_cell, effective_text, ppl_grid
+from posbench.comparison import compare
+from posbench.pairing import paired
+from posbench.reporting import accuracy_cell, effective_text, ppl_grid
 
 
 def ext_row(scheme, seed, eval_len, ppl, status="ok", train_len=64, mode="nonoverlap", stride=0, **extra):
@@ -101,7 +101,7 @@ def test_report_cells_show_seed_intervals_or_one_seed_as_such():
 def test_plot_intervals_are_the_tables(tmp_path):
     import pandas as pd
 
-    from posbench.report import accuracy_interval, plot_extrapolation, plot_probe_heatmap, ppl_interval
+    from posbench.reporting import accuracy_interval, plot_extrapolation, plot_probe_heatmap, ppl_interval
 
     one = pd.DataFrame(strings([ext_row("a", 0, 64, 20.0, ppl_lo=18.0, ppl_hi=22.5)]))
     one["ppl"] = pd.to_numeric(one["ppl"])

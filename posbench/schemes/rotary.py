@@ -24,7 +24,7 @@ from posbench.schemes.tables import GrowingTable, position_count
 # (posbench/docs/extension.md): a RoPE layer under them takes the explicit attention path.
 TWO_MAPS = ("self-extend", "rerope")
 SCALINGS = ("none", "pi", "ntk", "dynamic-ntk", "yarn", "llama3", *TWO_MAPS)
-# longrope needs searched per-pair factors (posbench.extend): a fine-tuning method, not a flag value.
+# longrope needs searched per-pair factors (posbench.extending): a fine-tuning method, not a flag value.
 KINDS = (*SCALINGS, "longrope")
 YARN_DEFAULTS = (1.0, 32.0)  # (alpha, beta)
 LLAMA3_DEFAULTS = (1.0, 4.0)  # (low, high): low_freq_factor, high_freq_factor of Llama 3.1
@@ -243,7 +243,7 @@ class RoPE(Scheme):
     Eval-time scaling (`--rope-scaling`): pi, ntk, dynamic-ntk, yarn, llama3 (see
     `rope_frequencies`), computed over the r rotated dims as transformers does; self-extend and
     rerope merge two logit maps (`logits`, the explicit path). A child fine-tuned with a rescaling
-    (pi, ntk, yarn, longrope: posbench.extend) keeps it as its `trained` scaling. q, k (B, H, T, D)."""
+    (pi, ntk, yarn, longrope: posbench.extending) keeps it as its `trained` scaling. q, k (B, H, T, D)."""
 
     name = "rope"
     formula = ("pair t of q at m turned by m theta_t, of k at n by n theta_t, theta_t = base^(-2t/r), r = "
@@ -264,7 +264,7 @@ class RoPE(Scheme):
         super().__init__(dims)
         self.rotary_dim = self._rotary_dim()
         self.scaling = RopeScaling()
-        self.trained = RopeScaling()  # the rescaling a fine-tuned child trained with (posbench.extend)
+        self.trained = RopeScaling()  # the rescaling a fine-tuned child trained with (posbench.extending)
         self._tables: dict[tuple, GrowingTable] = {}
 
     def _rotary_dim(self) -> int:

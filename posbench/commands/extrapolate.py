@@ -1,0 +1,88 @@
+"""posbench extrapolate: every trained run (or a pretrained model) scored at every length."""
+
+from pathlib import Path
+from typing import Annotated, Sequence
+
+import pandas as pd
+import typer
+
+from posbench import config, results
+from posbench.commands import console, plain, say
+from posbench.commands import frame as to_frame
+from posbench.commands.options import Device, Model, Out, RunsDir, Schemes, Task, load_plugins, scheme_names, \
+    settings, takes, task_folder
+from posbench.errors import PosbenchError
+
+SUMMARY = "perplexity of the trained runs at longer lengths, eval-time RoPE scaling"  # the line of posbench/docs/commands.md
+PAGES = ('evaluation.md',)  # where posbench/docs explains it
+
+
+@takes(config.EvalConfig)
+def extrapolate(
+    *,
+    runs_dir: RunsDir = Path("runs"),
+    schemes: Schemes = None,
+    task: Task = None,
+    model: Model = None,
+    device: Device = "auto",
+    out: Out = None,
+    attention: Annotated[bool, typer.Option(
+        "--attention", help="also measure attention per layer and head (entropy, distance, sink and far mass): "
+                            "attention.csv and plots")] = False,
+    plugins: Sequence[str] = (),
+    progress: bool = False,
+    **given,
+) -> pd.DataFrame:
+    """Evaluate every trained run on the test split at every length; CSVs, a table and plots
+    (--out, default the runs folder). With --model, a pretrained model instead of trained runs."""
+    from posbench import effective, evaluate, reporting
+
+    load_plugins(plugins)
+    t = config.load_task(task or ("pretrained" if model else None))
+    cfg = settings(t.eval, given)
+    out_dir = Path(out or runs_dir)
+    if model or t.pretrained:
+        from posbench import pretrained
+
+        if attention:
+            raise PosbenchError("--attention measures posbench's own models; a pretrained model has no such path")
+        rows = pretrained.extrapolate(model or t.pretrained, cfg, t.data.spec, out_dir, t.name, progress,
+                                      task_folder(task))
+    else:
+        rows = evaluate.extrapolate(Path(runs_dir), cfg, scheme_names(schemes), out_dir, device, progress=progress,
+                                    attention=attention)
+    effective.write(out_dir, cfg.effective_tolerance, cfg.effective_threshold)
+    extrapolation = results.read_rows(results.table_path(out_dir, "extrapolation"))
+    reporting.plot_extrapolation(extrapolation, out_dir / "extrapolation.png")
+    written = [results.table_path(out_dir, t) for t in ("extrapolation", "positions", "windows", "effective_length")]
+    plots = [out_dir / "extrapolation.png", out_dir / "positions.png"]
+    if attention:
+        from posbench import attention_measures
+
+        measured = results.read_rows(results.table_path(out_dir, "attention"))
+        attention_measures.plot(measured, out_dir / "attention.png", extrapolation)
+        attention_measures.plot_layers(measured, out_dir / "attention_layers.png")
+        written.append(results.table_path(out_dir, "attention"))
+        plots += [out_dir / "attention.png", out_dir / "attention_layers.png"]
+    reporting.plot_positions(results.read_rows(results.table_path(out_dir, "positions")), out_dir / "positions.png")
+    return to_frame(rows, eval=cfg, written=[*written, *plots])
+
+
+def show(result: pd.DataFrame) -> int:
+    from posbench import effective, reporting
+
+    rows, cfg = result.attrs["rows"], result.attrs["eval"]
+    eff = reporting.effective_by_label(effective.perplexity_rows(rows, cfg.effective_tolerance))
+    console.print(reporting.ppl_table(rows, f"perplexity, {cfg.mode}", eff))
+    note_scalings(rows, cfg.rope_scaling)
+    plain(f"wrote {', '.join(map(str, result.attrs['written']))}")
+    return 0
+
+
+def note_scalings(rows: list[dict], kinds: tuple[str, ...]) -> None:
+    """One line when an asked-for RoPE scaling did not apply to some runs (posbench.evaluate.scaling_note)."""
+    from posbench.evaluate import scaling_note
+
+    line = scaling_note(rows, kinds)
+    if line:
+        say(line, "note")

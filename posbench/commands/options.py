@@ -1,0 +1,167 @@
+"""The options of the commands, each declared once: those several commands share (task, device,
+runs folder, output folder, scheme selection, ...) as annotated types, and every knob of a typed
+config (posbench.knobs) as a flag, a keyword and a line of posbench/docs/commands.md at once.
+
+A command function names its options with these types; `takes(*configs)` adds the flag fields of
+those configs to its signature, so that typer (posbench.cli) and Python callers see the same
+keywords, and `settings(obj, given)` applies what the caller gave to a config, parsed and checked.
+"""
+
+import dataclasses
+import functools
+import inspect
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Callable, Iterable, List, Optional, Sequence
+
+import typer
+
+from posbench import config, layout, plugins
+from posbench.errors import PosbenchError, did_you_mean
+from posbench.knobs import FLAG
+
+Task = Annotated[Optional[str], typer.Option(help="task name in tasks/ or a TOML path; its settings are the "
+                                                  "defaults (default: quick)")]
+Device = Annotated[str, typer.Option(help="auto | cpu | cuda")]
+RunsDir = Annotated[Path, typer.Option(help="where the trained runs and runs.csv are")]
+Out = Annotated[Optional[Path], typer.Option(help="where the tables and plots go (the command says its default)")]
+Schemes = Annotated[Optional[List[str]], typer.Option(
+    "--schemes", "--scheme", help="only these schemes, presets or layouts (comma-separated or repeated)")]
+Param = Annotated[Optional[List[str]], typer.Option(help="scheme parameter KEY=VALUE (repeatable)")]
+Resume = Annotated[bool, typer.Option(help="continue interrupted trainings from their checkpoints")]
+Model = Annotated[Optional[str], typer.Option(
+    help="hf:FOLDER | gguf:FILE: a pretrained RoPE model, read from local files only, in place of trained "
+         "runs; its default task is `pretrained` (posbench/docs/pretrained.md)")]
+Tolerance = Annotated[float, typer.Option(help="effective length: perplexity within this fraction of "
+                                               "in-distribution")]
+Threshold = Annotated[float, typer.Option(help="effective length of probes: accuracy at least this")]
+
+# Keywords the Python API takes and the command line does not: plug-ins come from the pre-parsed
+# --plugin there (posbench.cli), progress bars from whether stderr is a terminal.
+API_ONLY = ("plugins", "progress", "log")
+
+
+def flag_name(f: dataclasses.Field) -> str:
+    named = f.metadata.get(FLAG)
+    return named if isinstance(named, str) else f.name
+
+
+def knob_fields(*configs: type, only: Sequence[str] = ()) -> dict[str, tuple[type, dataclasses.Field]]:
+    """Flag name -> (config class, field) of every flag field of `configs` (or of those named)."""
+    out = {}
+    for cls in configs:
+        for f in dataclasses.fields(cls):
+            name = flag_name(f)
+            if f.metadata.get(FLAG) and (not only or name in only):
+                out[name] = (cls, f)
+    return out
+
+
+def _annotation(cls: type, f: dataclasses.Field):
+    hint = typing.get_type_hints(cls)[f.name]
+    name = "--" + flag_name(f).replace("_", "-")
+    if hint is bool:
+        return Annotated[Optional[bool], typer.Option(f"{name}/--no-{name[2:]}", help=f.metadata["help"])]
+    if typing.get_origin(hint) is tuple:  # a list on the command line: comma-separated
+        return Annotated[Optional[str], typer.Option(name, help=f"{f.metadata['help']} (comma-separated)")]
+    return Annotated[Optional[hint], typer.Option(name, help=f.metadata["help"])]
+
+
+def takes(*configs: type, only: Sequence[str] = ()) -> Callable:
+    """A command that also takes the flag fields of `configs` (or those named in `only`) as
+    keyword-only options, each defaulting to the task's value; they arrive in its `**given`."""
+    fields = knob_fields(*configs, only=only)
+
+    def decorate(fn):
+        sig = inspect.signature(fn, eval_str=True)
+        params = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=_annotation(cls, f))
+                 for name, (cls, f) in fields.items()]
+
+        @functools.wraps(fn)
+        def command(*args, **kwargs):
+            known = {p.name for p in params} | set(fields)
+            for key in kwargs:
+                if key not in known:
+                    raise did_you_mean(key, sorted(known), f"keyword of posbench.{fn.__name__}")
+            return fn(*args, **kwargs)
+
+        command.__signature__ = sig.replace(parameters=params + added)
+        command.knobs = fields
+        return command
+
+    return decorate
+
+
+def settings(obj, given: dict[str, Any]):
+    """`obj` (a config) with the flag fields the caller gave, parsed (a comma-separated string or a
+    list for a tuple) and checked; flags of other configs in `given` are left alone."""
+    changes = {}
+    for f in dataclasses.fields(obj):
+        name = flag_name(f)
+        value = given.get(name) if f.metadata.get(FLAG) else None
+        if value is None:
+            continue
+        hint = typing.get_type_hints(type(obj))[f.name]
+        if typing.get_origin(hint) is tuple:
+            value = _items(value, typing.get_args(hint)[0], name)
+        changes[f.name] = value
+    return config.replace(obj, **_typed(obj, changes))
+
+
+def _typed(obj, changes: dict[str, Any]) -> dict[str, Any]:
+    """The changes with each value of the field's type, checked as a task file's (one line if not)."""
+    return {k: config.coerce_field(type(obj), k, list(v) if isinstance(v, tuple) else v) for k, v in changes.items()}
+
+
+def _items(value, item: type, name: str) -> tuple:
+    if isinstance(value, str):
+        parts = [v.strip() for v in value.split(",") if v.strip()]
+    else:
+        parts = list(value)
+    if not parts:
+        raise PosbenchError(f"bad {name} {value!r}: empty")
+    try:
+        return tuple(item(v) for v in parts)
+    except (TypeError, ValueError):
+        kind = {int: "integers", float: "numbers"}.get(item, "names")
+        raise PosbenchError(f"bad {name} {value!r}: expected comma-separated {kind}") from None
+
+
+def names(value: str | Iterable[str] | None) -> tuple[str, ...] | None:
+    """A comma-separated string or a list (repeated options), as the list options take them."""
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else [x for v in value for x in str(v).split(",")]
+    out = tuple(x.strip() for x in items if x.strip())
+    if not out:
+        raise PosbenchError(f"empty list {value!r}")
+    return out
+
+
+def scheme_names(value: str | Iterable[str] | None) -> tuple[str, ...] | None:
+    """Scheme selection, each checked: schemes, presets and layout specs, as their runs record them."""
+    found = names(value)
+    return tuple(layout.recorded(n) for n in found) if found else found
+
+
+def ints(value: str | Sequence[int] | None, what: str) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    return config.parse_int_list(value if isinstance(value, str) else ",".join(map(str, value)), what)
+
+
+def params(value: dict[str, Any] | Sequence[str] | None) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {str(k): str(v) for k, v in value.items()}
+    return config.parse_params(list(value) if value else None)
+
+
+def load_plugins(specs: Sequence[str] | str) -> None:
+    plugins.load_all([specs] if isinstance(specs, str) else specs)
+
+
+def task_folder(task: str | None) -> Path | None:
+    """The folder of a task file, against which its relative paths (a pretrained model) are read."""
+    path = config.find_task(task) if task else None
+    return path.resolve().parent if path is not None else None

@@ -1,0 +1,96 @@
+"""posbench probe: the synthetic probes' accuracy by prompt length for every run trained on them."""
+
+from pathlib import Path
+from typing import Annotated, Optional, Sequence
+
+import pandas as pd
+import typer
+from rich.table import Table
+
+from posbench import config, plugins, results
+from posbench.commands import console, plain
+from posbench.commands import frame as to_frame
+from posbench.commands.extrapolate import note_scalings
+from posbench.commands.options import Device, Model, Out, RunsDir, Schemes, Task, load_plugins, names, \
+    scheme_names, settings, takes, task_folder
+from posbench.errors import PosbenchError
+
+SUMMARY = "synthetic retrieval and algorithmic probes, accuracy by length"  # the line of posbench/docs/commands.md
+PAGES = ('probes.md',)  # where posbench/docs explains it
+
+
+@takes(config.ProbesConfig, config.EvalConfig, only=("lengths", "trials", "seed", "rope_scaling", "position_draws",
+                                                     "longrope_factors"))
+def probe(
+    probe: Annotated[Optional[str], typer.Option(help="probe names, comma-separated (see --list)")] = None,
+    *,
+    list_: Annotated[bool, typer.Option("--list", help="list every probe: settings and reference")] = False,
+    runs_dir: RunsDir = Path("runs"),
+    task: Task = None,
+    schemes: Schemes = None,
+    model: Model = None,
+    device: Device = "auto",
+    out: Out = None,
+    plugins: Sequence[str] = (),
+    progress: bool = False,
+    **given,
+) -> pd.DataFrame:
+    """Synthetic probes: per-answer accuracy and exact match by prompt length of every run trained
+    on a probe's examples (lengths default to 1x, 2x, 4x, 8x each run's); a table per probe,
+    probes.csv, one heatmap per probe and report.md (--out, default the runs folder). With
+    --model, the passkey test of a pretrained model (natural-language filler, greedy decoding)."""
+    from posbench import probing, reporting
+    from posbench.probes import parse_probe, probe_name
+
+    load_plugins(plugins)
+    if list_:
+        return to_frame(catalogue(), listing=True)
+    chosen = names(probe) if probe else None
+    if not chosen:
+        raise PosbenchError("name probes with --probe NAME[,NAME] (see `posbench probe --list`)")
+    for name in chosen:
+        parse_probe(name)
+    t = config.load_task(task or ("pretrained" if model else None))
+    cfg = settings(t.probes, given)
+    eval_cfg = settings(t.eval, {k: given.get(k) for k in ("rope_scaling", "position_draws", "longrope_factors")})
+    out_dir = Path(out or runs_dir)
+    if model or t.pretrained:
+        from posbench import pretrained
+
+        if chosen != ("passkey",):
+            raise PosbenchError("a pretrained model takes the passkey probe (--probe passkey): the other probes "
+                                "are written in posbench's symbol vocabulary for the models it trains")
+        rows = pretrained.passkey(model or t.pretrained, cfg, eval_cfg, cfg.lengths or t.eval.lengths, out_dir,
+                                  t.name, progress, task_folder(task))
+    else:
+        rows = probing.evaluate(Path(runs_dir), cfg, eval_cfg, tuple(probe_name(n) for n in chosen),
+                                scheme_names(schemes), out_dir, device, progress=progress)
+    reporting.write_report(out_dir, t.eval.effective_tolerance, t.eval.effective_threshold)
+    return to_frame(rows, eval=eval_cfg, out=out_dir)
+
+
+def catalogue() -> list[dict[str, str]]:
+    from posbench.probes import PROBES, parse_probe
+
+    return [{"name": name, "what it asks": (p := parse_probe(name)).summary, "default settings": p.settings(),
+             "reference": p.reference, "source": plugins.describe(PROBES[name])} for name in sorted(PROBES)]
+
+
+def show(result: pd.DataFrame) -> int:
+    from posbench import reporting
+
+    rows = result.attrs["rows"]
+    if result.attrs.get("listing"):
+        table = Table(title="posbench probes (data spec: NAME[:key=value,...])", show_lines=True)
+        for col in rows[0]:
+            table.add_column(col, overflow="fold")
+        for row in rows:
+            table.add_row(*row.values())
+        console.print(table)
+        return 0
+    for table in reporting.probe_tables(rows):
+        console.print(table)
+    note_scalings(rows, result.attrs["eval"].rope_scaling)
+    out = result.attrs["out"]
+    plain(f"wrote {results.table_path(out, 'probes')}, probe_*.png and {out / 'report.md'}")
+    return 0

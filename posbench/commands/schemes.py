@@ -1,0 +1,57 @@
+"""posbench schemes: the catalogue of every positional scheme."""
+
+import csv
+import json
+import sys
+from enum import Enum
+from typing import Annotated
+
+import pandas as pd
+import typer
+from rich.table import Table
+
+from posbench.commands import console
+from posbench.commands import frame as to_frame
+
+SUMMARY = "the catalogue: every scheme and layout preset, its formula, hooks, parameters, paper"  # the line of posbench/docs/commands.md
+PAGES = ('schemes.md',)  # where posbench/docs explains it
+
+
+class Format(str, Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+    markdown = "markdown"
+
+
+def schemes(
+    *,
+    format: Annotated[Format, typer.Option(
+        "--format", help="table, csv, json or markdown (the catalogue page, posbench/docs/schemes.md)")] = Format.table,
+) -> pd.DataFrame:
+    """List every positional scheme: family, hooks, learned parameters, extrapolation, paper, formula."""
+    from posbench.catalogue import catalogue
+
+    return to_frame(catalogue(), format=Format(format))
+
+
+def show(result: pd.DataFrame) -> int:
+    from posbench.catalogue import markdown
+
+    rows, fmt = result.attrs["rows"], result.attrs["format"]
+    if fmt == Format.markdown:
+        sys.stdout.write(markdown(rows))
+    elif fmt == Format.json:
+        print(json.dumps(rows, indent=1))
+    elif fmt == Format.csv:
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    else:
+        table = Table(title="posbench schemes", show_lines=False)
+        for col in rows[0]:
+            table.add_column(col, overflow="fold")
+        for row in rows:
+            table.add_row(*(str(v) for v in row.values()))
+        console.print(table)
+    return 0

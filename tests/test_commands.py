@@ -1,0 +1,114 @@
+"""The command layer: every command is a function of the Python API and a command of the command
+line, built from one declaration; commands.md is written from them."""
+
+import dataclasses
+import inspect
+
+import click
+import pytest
+import typer
+
+import posbench
+from posbench import commands, config
+from posbench.commands import options, reference
+from posbench.errors import PosbenchError
+from posbench.knobs import knob
+from posbench.schemes.base import positive
+
+
+def test_every_command_is_an_api_function_and_a_command():
+    from posbench.cli import app
+
+    group = typer.main.get_command(app)
+    assert set(group.commands) == set(commands.NAMES) == {*posbench.API, "schemes"}
+    for name in commands.NAMES:
+        assert getattr(posbench.api, name) is getattr(commands.module(name), name)
+        assert name == "schemes" or getattr(posbench, name) is getattr(posbench.api, name)
+        cli_options = {p.name for p in group.commands[name].params}
+        api_keywords = set(inspect.signature(getattr(posbench, name)).parameters) - set(options.API_ONLY)
+        assert cli_options == api_keywords, name
+
+
+def test_the_command_reference_is_written_from_the_commands():
+    assert reference.current() == reference.markdown(), \
+        "posbench/docs/commands.md drifted: python -m posbench.commands.reference rewrites it"
+
+
+def test_shared_options_are_declared_once():
+    from posbench.cli import app
+
+    group = typer.main.get_command(app)
+    helps = {}
+    for command in group.commands.values():
+        for p in command.params:
+            if p.name in ("task", "device", "runs_dir", "schemes"):
+                helps.setdefault(p.name, set()).add(p.help)
+    assert all(len(h) == 1 for h in helps.values()), helps
+    assert {"task", "device", "runs_dir", "schemes"} <= set(helps)
+
+
+def test_a_new_config_field_is_a_flag_a_keyword_and_a_documented_option(monkeypatch):
+    """One field added to EvalConfig appears on the command line, in the API and in the reference."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Wider(config.EvalConfig):
+        window_bonus: float = knob(1.5, "a knob added for this test", positive, flag=True)
+
+    from posbench.commands.extrapolate import extrapolate
+
+    fn = options.takes(Wider)(extrapolate.__wrapped__)
+    assert inspect.signature(fn).parameters["window_bonus"].default is None
+    cmd = typer.main.get_command(_one_command(fn))
+    flag = next(p for p in cmd.params if p.name == "window_bonus")
+    assert flag.opts == ["--window-bonus"] and flag.help == "a knob added for this test"
+    changed = options.settings(Wider(), {"window_bonus": 3.0, "lengths": "32,64"})
+    assert (changed.window_bonus, changed.lengths) == (3.0, (32, 64))
+    with pytest.raises(PosbenchError, match="window_bonus must be > 0, got -1.0"):
+        options.settings(Wider(), {"window_bonus": -1.0})
+    monkeypatch.setattr(commands.module("extrapolate"), "extrapolate", fn)
+    assert "`--window-bonus`" in reference.markdown()
+
+
+def _one_command(fn):
+    app = typer.Typer()
+    app.command()(fn)
+    app.command("other")(lambda: None)
+    return app
+
+
+def test_an_unknown_keyword_gets_a_suggestion():
+    with pytest.raises(PosbenchError, match="did you mean 'lengths'"):
+        posbench.extrapolate(lenghts=[64])
+
+
+def test_a_wrongly_typed_keyword_is_one_line():
+    with pytest.raises(PosbenchError, match="steps must be int, got 'abc'"):
+        posbench.train("rope", steps="abc")
+
+
+def test_list_options_take_a_list_or_comma_separated_text():
+    cfg = config.EvalConfig()
+    assert options.settings(cfg, {"lengths": [32, 64]}) == options.settings(cfg, {"lengths": "32, 64"})
+    with pytest.raises(PosbenchError, match="expected comma-separated integers"):
+        options.settings(cfg, {"lengths": "32,x"})
+    assert options.names(["rope,alibi", "t5"]) == ("rope", "alibi", "t5")
+
+
+def test_declared_ranges_check_task_files_and_flags_alike():
+    with pytest.raises(PosbenchError, match="stop_accuracy must be in 0..1"):
+        config.replace(config.TrainConfig(), stop_accuracy=2.0)
+    with pytest.raises(PosbenchError, match="did you mean 'sliding'"):
+        config.replace(config.EvalConfig(), mode="slidin")
+    with pytest.raises(PosbenchError, match="yarn_alpha \\(40.0\\) must be below yarn_beta"):
+        config.replace(config.ExtendConfig(), yarn_alpha=40.0)
+    with pytest.raises(PosbenchError, match="d_model 30 is not divisible by n_heads 4"):
+        config.replace(config.ModelConfig(), d_model=30)
+
+
+def test_every_command_option_has_help():
+    from posbench.cli import app
+
+    for name, command in typer.main.get_command(app).commands.items():
+        for p in command.params:
+            if isinstance(p, click.Option) and p.name != "help":
+                assert p.help, f"{name} {p.opts[0]}"
