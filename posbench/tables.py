@@ -373,10 +373,11 @@ def curves_table(out: Path, probes: list[str], every: int) -> str:
     runs = {r["run_id"]: r for r in results.read_rows(results.table_path(out, "runs"))}
     curves = {}
     for run_id, probe in sorted(run_probes(out).items()):
-        spec = json.loads((out / run_id / "config.json").read_text())["data"]["spec"]
-        if probe not in probes or run_id not in runs or not (out / run_id / "log.csv").exists():
+        config, log = out / run_id / "config.json", out / run_id / "log.csv"
+        if probe not in probes or run_id not in runs or not config.exists() or not log.exists():
             continue
-        log = pd.read_csv(out / run_id / "log.csv").dropna(subset=["val_accuracy"])
+        spec = json.loads(config.read_text())["data"]["spec"]
+        log = pd.read_csv(log).dropna(subset=["val_accuracy"])
         curves[(spec, label(runs[run_id]), run_id)] = dict(zip(log["step"], log["val_accuracy"]))
     if not curves:
         raise PosbenchError(f"no runs of {', '.join(probes)} with a log in {out}")
