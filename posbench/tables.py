@@ -21,8 +21,8 @@ import inspect
 import json
 import math
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import pandas as pd
 
@@ -246,7 +246,10 @@ def steps_cell(steps: list[tuple[int, bool]]) -> str:
     if not steps:
         return ""
     steps = sorted(steps)
-    word = lambda s: f"{s[0]:,}" + ("+" if s[1] else "")  # noqa: E731
+
+    def word(s: tuple[int, bool]) -> str:
+        return f"{s[0]:,}" + ("+" if s[1] else "")
+
     mid = steps[len(steps) // 2] if len(steps) % 2 else None
     median = word(mid) if mid else f"{(steps[len(steps) // 2 - 1][0] + steps[len(steps) // 2][0]) / 2:,.0f}"
     if len(steps) == 1:
@@ -562,8 +565,8 @@ def inside_and_past(directory: Path) -> str:
         # split at the first bucket edge at or past train_len (the buckets are log-spaced: the bounds are shown)
         cut = min(int(b["position_start"]) for b in buckets if int(b["position_start"]) >= train_len)
         line = [scaling, str(n)]
-        for keep in (lambda b: int(b["position_end"]) < cut, lambda b: int(b["position_start"]) >= cut):
-            chosen = [b for b in buckets if keep(b)]
+        inside = [b for b in buckets if int(b["position_end"]) < cut]
+        for chosen in (inside, [b for b in buckets if int(b["position_start"]) >= cut]):
             tokens = sum(int(b["tokens"]) for b in chosen)
             loss = sum(float(b["loss"]) * int(b["tokens"]) for b in chosen) / tokens
             line += [f"{min(int(b['position_start']) for b in chosen)}-{max(int(b['position_end']) for b in chosen)}",
