@@ -288,6 +288,11 @@ def test_extend_command_end_to_end(parent, corpus_dir, tmp_path, capsys):
     from posbench.pairing import paired
 
     assert paired(runs, "rope>yarn@32:2", "rope>pi@32:2", (32,))[0]["seeds"] == 1
+    from posbench.tables import table
+
+    text = table("extend", runs, lengths="16,32", pairs="yarn:pi,plain:parent")
+    assert "| rope>pi@32:2 | 1 | 256 | " in text  # a child: its fine-tuning tokens
+    assert "| rope>yarn@32:2 vs rope>pi@32:2 | 1 | 1.000 [" in text and "| rope>plain@32:2 vs rope | 1 | " in text
     assert main([*args, "--method", "plain"]) == 0  # finished children are skipped
     assert "already fine-tuned" in capsys.readouterr().out
 

@@ -555,17 +555,11 @@ def test_fingerprints_of_before_revisions_were_kept_pass_at_revision_1():
         check_probe_corpus(DataConfig(spec="reverse"), probe_corpus(copy)[1], "d")
 
 
-def test_probes_table_script(probe_run, tmp_path, capsys):
-    import importlib.util
-    from pathlib import Path
+def test_probes_table(probe_run, tmp_path):
+    from posbench.tables import table
 
     _, runs, _ = probe_run
-    path = Path(__file__).parents[1] / "scripts" / "probes_table.py"
-    spec = importlib.util.spec_from_file_location("probes_table", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    assert script.main([str(runs), "--ratios", "1,2"]) == 0
-    out = capsys.readouterr().out
+    out = table("probes", runs, ratios="1,2")
     steps, accuracy = out.split("\n\n", 1)[0], out.split("\n\n", 1)[1]
     # two steps of 2: no early stop, so each cell is the final held-out accuracy in parentheses
     header, _, *lines = steps.splitlines()
@@ -580,12 +574,12 @@ def test_probes_table_script(probe_run, tmp_path, capsys):
     lo, hi = stats.wilson(int(cell["hits"]), int(cell["answers"]))
     want = f"| copy | rope (not learned) | {100 * float(cell['hits']) / int(cell['answers']):.0f} [{100 * lo:.0f}, {100 * hi:.0f}]"
     assert want in accuracy
-    assert script.main([str(runs), "--curves", "copy", "--every", "2"]) == 0
-    curves = capsys.readouterr().out.splitlines()
+    curves = table("probes", runs, curves="copy", every=2).splitlines()
     assert curves[0] == "| data | scheme | 2 |" and len(curves) == 2 + 3  # rope, rope+randomized, learned
     log = pd.read_csv(runs / cell["run_id"] / "log.csv").dropna(subset=["val_accuracy"])
     assert f"| copy | rope | {100 * log['val_accuracy'].iloc[-1]:.0f} |" in curves
-    assert script.main([str(tmp_path / "absent")]) == 2
+    with pytest.raises(PosbenchError, match="no such results folder"):
+        table("probes", tmp_path / "absent")
 
 
 def test_extrapolate_leaves_probe_runs_to_probe(probe_run, capsys):
@@ -726,14 +720,9 @@ def test_sizes_computed_once_give_the_examples_computed_afresh(name):
         assert shared.training_example(random.Random(seed), length) == fresh.training_example(random.Random(seed), length)
 
 
-def test_probes_table_over_seeds_reads_folders_as_one(tmp_path, capsys):
-    import importlib.util
-    from pathlib import Path
+def test_probes_table_over_seeds_reads_folders_as_one(tmp_path):
+    from posbench.tables import table
 
-    path = Path(__file__).parents[1] / "scripts" / "probes_table.py"
-    spec = importlib.util.spec_from_file_location("probes_table", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     common = {"scheme": "rope", "params": "", "scaling": "none", "extension": "none", "position_draws": "0",
               "extend_method": "", "probe": "copy"}
 
@@ -755,23 +744,23 @@ def test_probes_table_over_seeds_reads_folders_as_one(tmp_path, capsys):
     write(tmp_path / "b", [run(0, 9999), run(1, ""), run(2, 1000)],  # rope-0 again: the first folder's counts
           [cell(0, 1, 10), cell(0, 2, 10), cell(1, 1, 60, "not learned"), cell(1, 2, 20), cell(2, 1, 95),
            cell(2, 2, 40)])
-    assert script.main([str(tmp_path / "a"), str(tmp_path / "b"), "--seeds", "--ratios", "1,2"]) == 0
-    header, _, row = capsys.readouterr().out.splitlines()
+    header, _, row = table("probes", [tmp_path / "a", tmp_path / "b"], seeds=True, ratios="1,2").splitlines()
     cells = dict(zip((c.strip() for c in header.strip("|").split("|")), (c.strip() for c in row.strip("|").split("|"))))
     assert cells["seeds"] == "3" and cells["learned"] == "2 of 3"
     assert cells["steps to stop"] == "1,000 (400-8,000+)"  # seed 1 spent its 8,000 steps
     at1 = stats.mean_interval([0.97, 0.60, 0.95])
     assert cells["1x"] == f"{100 * at1.mean:.0f} [{100 * max(at1.lo, 0):.0f}, {100 * min(at1.hi, 1):.0f}]"
     assert cells["2x"].startswith("30 [")  # (30 + 20 + 40) / 3
-    assert script.main([str(tmp_path / "a"), str(tmp_path / "b"), "--seeds", "--compact", "--ratios", "2"]) == 0
-    assert capsys.readouterr().out.splitlines()[::2] == ["| probe | rope |", "| copy | 30 (2 of 3 learned) |"]
-    assert script.main([str(tmp_path / "a"), str(tmp_path / "b")]) == 2  # several folders: --seeds alone
+    compact = table("probes", [tmp_path / "a", tmp_path / "b"], seeds=True, compact=True, ratios=[2])
+    assert compact.splitlines()[::2] == ["| probe | rope |", "| copy | 30 (2 of 3 learned) |"]
+    with pytest.raises(PosbenchError, match="only with seeds or pairs"):  # several folders: seeds or pairs alone
+        table("probes", [tmp_path / "a", tmp_path / "b"])
     other = [{**cell(seed, 2, 10), "scheme": "none", "run_id": f"none-{seed}"} for seed in (0, 1, 2)]
     write(tmp_path / "c", [{**run(seed, 400), "scheme": "none", "run_id": f"none-{seed}"} for seed in (0, 1, 2)], other)
-    folders = [str(tmp_path / d) for d in "abc"]
-    assert script.main([*folders, "--pairs", "rope:none:copy", "--ratios", "2"]) == 0
-    row = capsys.readouterr().out.splitlines()[-1]
+    folders = [tmp_path / d for d in "abc"]
+    row = table("probes", folders, pairs="rope:none:copy", ratios="2").splitlines()[-1]
     gap = stats.mean_interval([20, 10, 30])  # rope's 30, 20, 40 against none's 10 in each seed
     assert f"| rope | none | copy | 2x | 3 | +20 / +10 / +30 | +20 [{gap.lo:+.0f}, {gap.hi:+.0f}] | 3 of 3 |" in row
     assert row.endswith("| every seed, not the interval |")  # 3 seeds: t(2) makes it [-5, +45]
-    assert script.main([*folders, "--pairs", "rope-none-copy"]) == 2
+    with pytest.raises(PosbenchError, match="bad pair 'rope-none-copy': expected A:B:PROBE"):
+        table("probes", folders, pairs="rope-none-copy")

@@ -147,24 +147,6 @@ def test_measures_the_backend_the_model_uses():
     assert layer.backend("cuda") == attention.choose_backend(scheme, "cuda")
 
 
-def test_speed_table_script(tmp_path, capsys):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).parents[1] / "scripts" / "speed_table.py"
-    spec = importlib.util.spec_from_file_location("speed_table", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    tiny = ["--schemes", "alibi", "--lengths", "16,32", "--heads", "2", "--head-dim", "8",
-            "--repeats", "1", "--out", str(tmp_path)]
-    assert script.main(tiny) == 0
-    out = capsys.readouterr().out
-    assert "alibi" in out and "fwd+bwd" in out
-    assert len(results.read_rows(tmp_path / "speed.csv")) == 8
-    assert script.main(tiny[:2] + ["--lengths", "16,1"]) == 2
-    assert "lengths must be >= 2" in capsys.readouterr().err
-
-
 def test_schemes_take_turns_block_by_block(monkeypatch):
     """Every scheme of a (length, pass) times one block per round, so a slow spell of the machine
     lands on all of them; a scheme that fails becomes its own row and the others go on."""

@@ -12,7 +12,7 @@ import pandas as pd
 from rich.console import Console
 
 NAMES = ("schemes", "check", "train", "extrapolate", "inspect", "extend", "speed", "run", "submit", "compare",
-         "paired", "report", "tasks", "probe")
+         "paired", "report", "tasks", "probe", "table")
 
 console = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True)

@@ -1,0 +1,50 @@
+"""posbench table: the markdown tables of README.md and results/*/README.md from a results folder."""
+
+from pathlib import Path
+from typing import Annotated, List, Optional
+
+import typer
+
+from posbench.errors import PosbenchError
+
+SUMMARY = "the README's and results folders' markdown tables, from their CSVs"  # the line of commands.md
+PAGES = ("results.md",)  # where posbench/docs explains it
+
+
+def table(
+    name: Annotated[str, typer.Argument(help="headline, probes, extend, pretrained, attention or speed")],
+    directory: Annotated[List[Path], typer.Argument(help="the results folder (probes: one or more)")],
+    *,
+    figure: Annotated[Optional[Path], typer.Option(help="headline: also write its plot there")] = None,
+    seeds: Annotated[bool, typer.Option("--seeds", help="probes: the table over seeds")] = False,
+    compact: Annotated[bool, typer.Option("--compact", help="probes, with --seeds: probe x scheme, the means "
+                                                            "alone")] = False,
+    task: Annotated[Optional[str], typer.Option(help="probes: only runs of this task")] = None,
+    ratios: Annotated[Optional[str], typer.Option(help="probes: length ratios, e.g. 1,2,4,8")] = None,
+    pairs: Annotated[Optional[str], typer.Option(help="probes: seed-paired differences A:B:PROBE,...; extend: "
+                                                      "paired ratios A:B,...")] = None,
+    curves: Annotated[Optional[str], typer.Option(help="probes: learning curves of these probes")] = None,
+    every: Annotated[Optional[int], typer.Option(help="probes, with --curves: a point every this many steps")] = None,
+    lengths: Annotated[Optional[str], typer.Option(help="extend, attention: the lengths shown")] = None,
+    by_layer: Annotated[Optional[str], typer.Option(help="attention: this measure per layer")] = None,
+    schemes: Annotated[Optional[str], typer.Option(help="attention: these schemes, in this order")] = None,
+) -> str:
+    """Print a markdown table made from a results folder's CSVs: the tables of README.md and
+    results/*/README.md, each from the folder beside it.
+
+    Returns the markdown, without a final newline. Options a table does not take are refused in
+    one line (posbench/docs/results.md lists each table's)."""
+    from posbench import tables
+
+    given = {"figure": figure, "seeds": seeds or None, "compact": compact or None, "task": task, "ratios": ratios,
+             "pairs": pairs, "curves": curves, "every": every, "lengths": lengths, "by_layer": by_layer,
+             "schemes": schemes}
+    if not directory:
+        raise PosbenchError("name the results folder: posbench table NAME DIR")
+    folders = directory[0] if len(directory) == 1 else directory
+    return tables.table(name, folders, **{k: v for k, v in given.items() if v is not None})
+
+
+def show(text: str) -> int:
+    print(text)
+    return 0

@@ -1,0 +1,218 @@
+"""posbench.tables: each table renders from its committed results folder and is, byte for byte,
+the table committed in that folder's README (so a README table that drifts from its CSVs fails
+here); every `posbench table` command the documentation names is a table with its options; bad
+names and options are one clear line."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from posbench import reporting, results, tables
+from posbench.errors import PosbenchError
+from posbench.tables import table
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "results"
+# The seed-paired readings of results/probes/seeds/README.md, in the order of its table.
+SEED_PAIRS = ("none:rope:passkey,none:rope:multivalue,none:rope:vartrack,none:rope:sort,none:kerple:sort,"
+              "kerple:none:copy,rope+randomized:rope:mqar,rope+randomized:rope:passkey,"
+              "rope+randomized:rope:multivalue,rope+randomized:rope:vartrack,rope+randomized:rope:copy,"
+              "rope+randomized:rope:sort,rope+randomized:rope+yarn:mqar,fox:rope:passkey,kerple:rope:passkey,"
+              "fox:fire:passkey,kerple:fire:passkey,kerple:rope:mqar")
+
+
+def markdown_tables(text: str) -> list[str]:
+    """Every markdown table of `text`: runs of lines that start with `|`."""
+    found, current = [], []
+    for line in text.splitlines():
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            found.append("\n".join(current))
+            current = []
+    if current:
+        found.append("\n".join(current))
+    return found
+
+
+def readme_table(readme: Path, header: str, nth: int = 0) -> str:
+    """The `nth` table of `readme` whose first line is `header`."""
+    found = [t for t in markdown_tables(readme.read_text(encoding="utf-8")) if t.splitlines()[0] == header]
+    assert len(found) > nth, f"{readme.relative_to(REPO)} has no table headed {header!r}"
+    return found[nth]
+
+
+def assert_in_readme(rendered: str, readme: Path, nth: dict[int, int] | None = None) -> None:
+    """Each table of `rendered` equals the README's table with the same header line."""
+    parts = markdown_tables(rendered)
+    assert parts, "no table rendered"
+    for i, part in enumerate(parts):
+        committed = readme_table(readme, part.splitlines()[0], (nth or {}).get(i, 0))
+        assert part == committed, (f"{readme.relative_to(REPO)}: the table headed {part.splitlines()[0]!r} "
+                                   "differs from what its CSVs give (regenerate it with `posbench table`)")
+
+
+# (README, table, folder, options): every README table these make, regenerated from its folder
+CASES = [
+    ("README.md", "headline", ".", {}),
+    ("README.md", "probes", "probes/seeds", {"seeds": True, "compact": True, "task": "probe-seeds", "ratios": "2,4,8"}),
+    ("probes/README.md", "probes", "probes", {}),
+    ("probes/seeds/README.md", "probes", "probes/seeds", {"seeds": True, "task": "probe-seeds"}),
+    ("probes/seeds/README.md", "probes", "probes/seeds", {"task": "probe-seeds", "ratios": "2,4,8", "pairs": SEED_PAIRS}),
+    ("extend-passkey/README.md", "extend", "extend-passkey", {}),
+    ("pretrained/README.md", "pretrained", "pretrained", {}),
+    ("attention/README.md", "attention", "attention",
+     {"schemes": "none,sinusoidal,learned,rope,rope+logn,rope+ssmax,alibi,t5,uniform"}),
+    ("attention/README.md", "attention", "attention",
+     {"by_layer": "entropy_norm", "schemes": "none,sinusoidal,rope,rope+logn,rope+ssmax,alibi,t5", "lengths": "64,1024"}),
+]
+
+
+@pytest.mark.parametrize("readme, name, folder, opts", CASES,
+                         ids=[f"{c[1]}-{c[0].split('/')[0]}-{i}" for i, c in enumerate(CASES)])
+def test_each_readme_table_is_what_its_results_folder_gives(readme, name, folder, opts):
+    path = REPO / readme if readme == "README.md" else RESULTS / readme
+    assert_in_readme(table(name, RESULTS / folder, **opts), path)
+
+
+def test_every_table_name_has_a_committed_readme_table_or_a_rendering_test():
+    assert {c[1] for c in CASES} | {"speed"} == set(tables.TABLES)  # speed: test_speed_table below
+
+
+def test_the_headline_writes_its_figure(tmp_path):
+    text = table("headline", RESULTS, figure=tmp_path / "headline.png")
+    assert (tmp_path / "headline.png").stat().st_size > 0
+    assert text.splitlines()[0] == "| scheme | seeds | 64 (1x) | 256 (4x) | 1024 (16x) | effective length |"
+
+
+def test_speed_table(tmp_path):
+    from posbench.timing import run_speed
+
+    rows = run_speed(schemes=["alibi"], lengths=(16, 32), batch_size=1, heads=2, head_dim=8, dtype="float32",
+                     device="cpu", backward=True, repeats=1, out_dir=tmp_path)
+    text = table("speed", tmp_path)
+    assert text == reporting.speed_markdown(pd.DataFrame(results.read_rows(tmp_path / "speed.csv")))
+    assert "**fwd+bwd**" in text and "| alibi (" in text and len(rows) == 8
+    assert "| scheme | 16 | 32 |\n|---|---|---|" in text
+
+
+def test_every_table_goes_through_the_one_markdown_writer():
+    source = (REPO / "posbench" / "tables.py").read_text(encoding="utf-8")
+    assert '" | ".join' not in source and "|---" not in source
+
+
+# ---- the commands the documentation names -------------------------------------------------------
+
+def documented_commands() -> list[tuple[Path, str]]:
+    pages = [REPO / "README.md", *sorted((REPO / "posbench" / "docs").glob("*.md")), *sorted(RESULTS.rglob("README.md"))]
+    found = []
+    for page in pages:
+        text = page.read_text(encoding="utf-8").replace("\\\n", " ")
+        for match in re.finditer(r"posbench table [^`#\n]*", text):
+            if not match.group(0).startswith("posbench table NAME"):  # the synopsis
+                found.append((page, match.group(0).strip()))
+    return found
+
+
+def parse(command: str) -> tuple[str, list[str], dict]:
+    """`posbench table NAME DIR... [--option [VALUE]]...` as table()'s arguments, as the CLI reads it."""
+    words = shlex.split(command)[2:]
+    name, rest = words[0], words[1:]
+    known = tables.options(name)
+    dirs = []
+    while rest and not rest[0].startswith("--"):
+        dirs.append(rest.pop(0))
+    opts = {}
+    while rest:
+        key = rest.pop(0)[2:].replace("-", "_")
+        if isinstance(known.get(key), bool):
+            opts[key] = True
+        else:
+            opts[key] = rest.pop(0)
+    return name, dirs, opts
+
+
+def test_every_documented_table_command_names_a_table_and_its_options():
+    commands = documented_commands()
+    assert len(commands) >= 10
+    for page, command in commands:
+        name, dirs, opts = parse(command)
+        known = tables.options(name)  # an unknown name raises
+        unknown = set(opts) - set(known)
+        assert not unknown, f"{page.relative_to(REPO)}: `{command}` has options {unknown} the {name} table lacks"
+        assert dirs, f"{page.relative_to(REPO)}: `{command}` names no folder"
+
+
+def test_the_documented_commands_on_committed_folders_give_the_readme_tables():
+    """`posbench table NAME results/...` lines in a README: run as written, their tables are there."""
+    checked = 0
+    for page, command in documented_commands():
+        name, dirs, opts = parse(command)
+        if page.name != "README.md" or not all(d.startswith("results") and (REPO / d).is_dir() for d in dirs):
+            continue
+        if name == "headline":  # its table is the README's (results/catalogue names the command too)
+            opts.pop("figure", None)  # the test writes no figure into the repository
+            page = REPO / "README.md"
+        assert_in_readme(table(name, [REPO / d for d in dirs], **opts), page)
+        checked += 1
+    assert checked >= 5
+
+
+# ---- bad input: one clear line ------------------------------------------------------------------
+
+def one_line(call, *match: str) -> str:
+    with pytest.raises(PosbenchError) as caught:
+        call()
+    text = str(caught.value)
+    assert "\n" not in text
+    for m in match:
+        assert m in text, text
+    return text
+
+
+def test_unknown_table_names_the_nearest():
+    one_line(lambda: table("probe", RESULTS / "probes"), "unknown table 'probe'", "did you mean 'probes'",
+             "known: attention, extend, headline, pretrained, probes, speed")
+    one_line(lambda: tables.options("headlines"), "did you mean 'headline'")
+
+
+def test_unknown_option_names_the_nearest():
+    one_line(lambda: table("probes", RESULTS / "probes", ratio="2,4"),
+             "unknown option of the probes table 'ratio'", "did you mean 'ratios'")
+    one_line(lambda: table("attention", RESULTS / "attention", bylayer="entropy"), "did you mean 'by_layer'")
+    one_line(lambda: table("speed", RESULTS / "probes", lengths="1,2"), "the speed table takes no options")
+    one_line(lambda: table("pretrained", RESULTS / "pretrained", x=1), "the pretrained table takes no options")
+
+
+@pytest.mark.parametrize("call, matches", [
+    (lambda: table("probes", RESULTS / "probes", ratios="two"), ("bad ratios 'two'",)),
+    (lambda: table("probes", RESULTS / "probes", ratios=""), ("bad ratios '': empty",)),
+    (lambda: table("probes", RESULTS / "probes", compact=True), ("give seeds too",)),
+    (lambda: table("probes", RESULTS / "probes/seeds", pairs="rope-none-copy"), ("bad pair 'rope-none-copy'",)),
+    (lambda: table("probes", RESULTS / "probes/seeds", pairs="rope:nope:copy"), ("no scored rows of nope on copy",)),
+    (lambda: table("probes", [RESULTS / "probes", RESULTS / "probes/seeds"]), ("only with seeds or pairs",)),
+    (lambda: table("probes", RESULTS / "probes", curves="mqar"), ("no runs of mqar with a log",)),
+    (lambda: table("probes", RESULTS / "probes", curves="copy", every=0), ("bad every 0",)),
+    (lambda: table("extend", RESULTS / "extend", pairs="yarn"), ("bad pairs yarn: expected A:B",)),
+    (lambda: table("extend", RESULTS / "extend", lengths="64,x"), ("bad lengths '64,x'",)),
+    (lambda: table("extend", RESULTS / "pretrained" / "nowhere"), ("no such results folder",)),
+    (lambda: table("extend", [RESULTS / "extend", RESULTS / "extend"]), ("reads one results folder (got 2)",)),
+    (lambda: table("attention", RESULTS / "attention", by_layer="entropi"), ("did you mean 'entropy'",)),
+    (lambda: table("attention", RESULTS / "attention", schemes="rope,ropee"), ("unknown scheme in the attention table 'ropee'",)),
+    (lambda: table("attention", RESULTS / "probes"), ("no attention.csv rows", "posbench extrapolate --attention",)),
+    (lambda: table("speed", RESULTS / "probes"), ("no speed.csv rows",)),
+    (lambda: table("pretrained", RESULTS / "probes"), ("no extrapolation.csv rows",)),
+    (lambda: table("headline", RESULTS / "probes"), ("no extrapolation.csv rows in", "posbench run catalogue",)),
+])
+def test_bad_options_and_folders_are_one_line(call, matches):
+    one_line(call, *matches)
+
+
+@pytest.mark.parametrize("name", sorted(tables.TABLES))
+def test_an_empty_folder_is_one_line(name, tmp_path):
+    one_line(lambda: table(name, tmp_path), str(tmp_path))
