@@ -36,7 +36,7 @@ from posbench import batches, layout, results
 from posbench.config import ExtendConfig
 from posbench.data import TokenData, cached_tokens
 from posbench.errors import PosbenchError, RunFailed, on_interrupt
-from posbench.extension import DROPE, METHODS, Extension, check_pairing
+from posbench.extension import DROPE, Extension, check_pairing
 from posbench.probes import parse_probe
 from posbench.schemes.rotary import RopeScaling, yarn_ramp
 from posbench.device import resolve_device

@@ -23,6 +23,8 @@ from posbench.errors import PosbenchError
 from posbench.grid import ARRAY_VARIABLES, parse_shard
 from posbench.runs import FINAL
 
+pytestmark = pytest.mark.slow  # end to end: the fast tier (-m 'not slow') leaves it out
+
 ROOT = Path(__file__).parents[1]
 
 TASK = """

@@ -18,6 +18,8 @@ from posbench.schemes.rotary import RopeScaling, rope_frequencies, self_extend_p
 from posbench.runs import RunSpec, build_model, load_parent, load_trained
 from posbench.training import train
 
+pytestmark = pytest.mark.slow  # end to end: the fast tier (-m 'not slow') leaves it out
+
 D, BASE, L = 8, 10000.0, 64
 INV = [BASE ** (-2 * t / D) for t in range(D // 2)]
 EXTEND = config.ExtendConfig(target_len=32, steps=(2,), lr=1e-3, warmup=1, population=4, parents=2,

@@ -77,7 +77,6 @@ def test_probe_rows_count_answers_and_padding_apart(tmp_path):
 
 
 def test_lm_rows_score_every_token(tiny_data, tmp_path):
-    from posbench import results
     from posbench.config import TrainConfig
     from posbench.training import train
 

@@ -17,6 +17,8 @@ from posbench.data import DataConfig
 from posbench.model import ModelConfig
 from posbench.runs import RunSpec
 
+pytestmark = pytest.mark.slow  # end to end: the fast tier (-m 'not slow') leaves it out
+
 ROOT = Path(__file__).parents[1]
 TINY = RunSpec("rope", data=DataConfig("mqar"), model=ModelConfig(d_model=16, n_layers=1, n_heads=2),
                train=TrainConfig(train_len=32, steps=12, batch_size=4, warmup=2, eval_interval=6,

@@ -13,6 +13,8 @@ from conftest import TINY_TASK
 
 from posbench import config, results
 
+pytestmark = pytest.mark.slow  # end to end: the fast tier (-m 'not slow') leaves it out
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -3,7 +3,6 @@ threads and kernels, and named when a folder mixes kinds."""
 
 import json
 
-import pytest
 import torch
 
 from posbench import machine, results

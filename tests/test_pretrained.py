@@ -19,6 +19,8 @@ from posbench.errors import PosbenchError  # noqa: E402
 from posbench.schemes.rotary import RopeScaling  # noqa: E402
 from tests.conftest import write_corpus  # noqa: E402
 
+pytestmark = pytest.mark.slow  # end to end: the fast tier (-m 'not slow') leaves it out
+
 CONTEXT = 32  # the tiny Llama's max_position_embeddings
 THETA = 10000.0
 HEAD = 8  # head dim: 4 rotated pairs

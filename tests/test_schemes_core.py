@@ -182,7 +182,9 @@ def test_llama3_keeps_blends_and_divides_by_wavelength():
 
 def test_yarn_ramp_and_attention_factor():
     # find_correction_dim(r) = D ln(L / (2 pi r)) / (2 ln base)
-    fcd = lambda r: D * math.log(L / (2 * math.pi * r)) / (2 * math.log(BASE))
+    def fcd(r):
+        return D * math.log(L / (2 * math.pi * r)) / (2 * math.log(BASE))
+
     low, high = max(math.floor(fcd(32)), 0), min(math.ceil(fcd(1)), D - 1)
     assert (low, high) == (0, 2)
     ramp = yarn_ramp(D, BASE, L, 1.0, 32.0)

@@ -35,8 +35,8 @@ def test_fraction_zero_leaves_attention_position_free(name):
     scattered = torch.tensor([0, 5, 9, 40, 41, 77, 100, 101, 230, 231, 300, 512, 700, 701, 900, 1000])
     assert torch.equal(outputs(model, torch.arange(T)), outputs(model, scattered))
     q, k = torch.randn(2, 1, 2, T, 8).unbind(0)
-    assert all(torch.equal(a, b) for a, b in zip(model.layout.schemes[0].rotate(q, k, scattered, model.layout.schemes[0].prepare(scattered), 0),
-                                                 (q, k)))
+    scheme = model.layout.schemes[0]
+    assert all(torch.equal(a, b) for a, b in zip(scheme.rotate(q, k, scattered, scheme.prepare(scattered), 0), (q, k)))
 
 
 def test_at_half_the_two_conventions_keep_different_frequencies():

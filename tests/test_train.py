@@ -62,7 +62,8 @@ def test_train_writes_run_and_row(tiny_data, tmp_path):
 
 
 def test_loss_falls_with_training(tiny_data, tmp_path):
-    result = train(spec_for(tiny_data, steps=150, eval_interval=150, lr=1e-2, warmup=10, batch_size=8), tmp_path, device="cpu", progress=False)
+    spec = spec_for(tiny_data, steps=150, eval_interval=150, lr=1e-2, warmup=10, batch_size=8)
+    result = train(spec, tmp_path, device="cpu", progress=False)
     # Bytes of a small vocabulary of words: far below log(257) = 5.55 and the unigram model.
     assert result.row["final_val_loss"] < result.row["unigram_val_loss"] - 0.3
 

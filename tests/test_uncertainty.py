@@ -60,7 +60,8 @@ def test_effective_length_protocols_of_sliding_strides():
 def acc_rows(scheme, seed, hits_by_len, trials=10, train_len=64):
     """probes.csv rows of the passkey probe: two depths per length; hits split between them."""
     return [{"run_id": f"{scheme}-{seed}", "task": "t", "probe": "passkey", "scheme": scheme, "seed": seed,
-             "train_len": train_len, "eval_len": n, "variant": f"depth={d}", "trials": trials, "answers": trials, "hits": h // 2 + (h % 2 if d else 0),
+             "train_len": train_len, "eval_len": n, "variant": f"depth={d}", "trials": trials, "answers": trials,
+             "hits": h // 2 + (h % 2 if d else 0),
              "accuracy": "", "scaling": "none", "extension": "none", "status": "ok"}
             for n, h in hits_by_len.items() for d in (0, 1)]
 

@@ -11,8 +11,9 @@ from posbench.commands import console
 from posbench.commands import frame as to_frame
 from posbench.commands.options import Param, load_plugins, names, params
 
-SUMMARY = "the conformance report of a scheme (yours included)"  # the line of posbench/docs/commands.md
-PAGES = ('plugins.md',)  # where posbench/docs explains it
+# its line in posbench/docs/commands.md, and the pages that explain it
+SUMMARY = "the conformance report of a scheme (yours included)"
+PAGES = ('plugins.md',)
 
 
 def check(

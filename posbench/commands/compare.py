@@ -7,8 +7,9 @@ import typer
 
 from posbench.commands import console, say
 
-SUMMARY = "the regression gate against a committed baseline"  # the line of posbench/docs/commands.md
-PAGES = ('baselines.md',)  # where posbench/docs explains it
+# its line in posbench/docs/commands.md, and the pages that explain it
+SUMMARY = "the regression gate against a committed baseline"
+PAGES = ('baselines.md',)
 
 
 def compare(

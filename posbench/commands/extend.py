@@ -14,8 +14,9 @@ from posbench.commands.options import Device, Resume, RunsDir, Schemes, Task, lo
     settings, takes
 from posbench.errors import did_you_mean
 
-SUMMARY = "fine-tune trained runs to a longer length with an extension method"  # the line of posbench/docs/commands.md
-PAGES = ('extension.md',)  # where posbench/docs explains it
+# its line in posbench/docs/commands.md, and the pages that explain it
+SUMMARY = "fine-tune trained runs to a longer length with an extension method"
+PAGES = ('extension.md',)
 
 
 @takes(config.ExtendConfig, config.TrainConfig, only=(

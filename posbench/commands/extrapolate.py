@@ -13,8 +13,9 @@ from posbench.commands.options import Device, Model, Out, RunsDir, Schemes, Task
     settings, takes, task_folder
 from posbench.errors import PosbenchError
 
-SUMMARY = "perplexity of the trained runs at longer lengths, eval-time RoPE scaling"  # the line of posbench/docs/commands.md
-PAGES = ('evaluation.md',)  # where posbench/docs explains it
+# its line in posbench/docs/commands.md, and the pages that explain it
+SUMMARY = "perplexity of the trained runs at longer lengths, eval-time RoPE scaling"
+PAGES = ('evaluation.md',)
 
 
 @takes(config.EvalConfig)

@@ -10,11 +10,12 @@ from rich.markup import escape
 from posbench import config, layout
 from posbench.commands import console, plain
 from posbench.commands import frame as to_frame
-from posbench.commands.options import Device, RunsDir, Task, ints, load_plugins, names, scheme_names
+from posbench.commands.options import Device, Task, ints, load_plugins, names, scheme_names
 from posbench.errors import PosbenchError
 
-SUMMARY = "pictures of each encoding past L; a trained run's learned parameters and its attention by length"  # the line of posbench/docs/commands.md
-PAGES = ('inspect.md',)  # where posbench/docs explains it
+# its line in posbench/docs/commands.md, and the pages that explain it
+SUMMARY = "pictures of each encoding past L; a trained run's learned parameters and its attention by length"
+PAGES = ('inspect.md',)
 
 
 def inspect(

@@ -135,7 +135,7 @@ def names(value: str | Iterable[str] | None) -> tuple[str, ...] | None:
     items = value.split(",") if isinstance(value, str) else [x for v in value for x in str(v).split(",")]
     out = tuple(x.strip() for x in items if x.strip())
     if not out:
-        raise PosbenchError(f"empty list {value!r}")
+        raise PosbenchError(f"empty list {value if isinstance(value, str) else ','.join(map(str, value))!r}")
     return out
 
 

@@ -11,8 +11,9 @@ from posbench.commands import frame as to_frame
 from posbench.commands.options import RunsDir, ints
 from posbench.errors import PosbenchError
 
-SUMMARY = "is A better than B? window-by-window, seed-by-seed"  # the line of posbench/docs/commands.md
-PAGES = ('reading.md',)  # where posbench/docs explains it
+# its line in posbench/docs/commands.md, and the pages that explain it
+SUMMARY = "is A better than B? window-by-window, seed-by-seed"
+PAGES = ('reading.md',)
 
 
 def paired(

@@ -15,8 +15,9 @@ from posbench.commands.options import Device, Model, Out, RunsDir, Schemes, Task
     scheme_names, settings, takes, task_folder
 from posbench.errors import PosbenchError
 
-SUMMARY = "synthetic retrieval and algorithmic probes, accuracy by length"  # the line of posbench/docs/commands.md
-PAGES = ('probes.md',)  # where posbench/docs explains it
+# its line in posbench/docs/commands.md, and the pages that explain it
+SUMMARY = "synthetic retrieval and algorithmic probes, accuracy by length"
+PAGES = ('probes.md',)
 
 
 @takes(config.ProbesConfig, config.EvalConfig, only=("lengths", "trials", "seed", "rope_scaling", "position_draws",

@@ -11,8 +11,9 @@ from posbench.commands.options import Threshold, Tolerance
 from posbench.commands.run import warn_mixed_machines
 from posbench.errors import PosbenchError
 
-SUMMARY = "report.md and plots from a results folder, merging shards"  # the line of posbench/docs/commands.md
-PAGES = ('results.md',)  # where posbench/docs explains it
+# its line in posbench/docs/commands.md, and the pages that explain it
+SUMMARY = "report.md and plots from a results folder, merging shards"
+PAGES = ('results.md',)
 
 
 def report(

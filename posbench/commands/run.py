@@ -13,8 +13,9 @@ from posbench.commands import console, plain, say
 from posbench.commands.options import Device, Out, Resume, Schemes, ints, load_plugins, names, settings, takes
 from posbench.errors import PosbenchError
 
-SUMMARY = "a whole task: train, evaluate, probe, time, report"  # the line of posbench/docs/commands.md
-PAGES = ('cluster.md',)  # where posbench/docs explains it
+# its line in posbench/docs/commands.md, and the pages that explain it
+SUMMARY = "a whole task: train, evaluate, probe, time, report"
+PAGES = ('cluster.md',)
 
 
 @takes(config.TrainConfig, only=("compile", "tracker"))

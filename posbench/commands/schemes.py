@@ -13,8 +13,9 @@ from rich.table import Table
 from posbench.commands import console
 from posbench.commands import frame as to_frame
 
-SUMMARY = "the catalogue: every scheme and layout preset, its formula, hooks, parameters, paper"  # the line of posbench/docs/commands.md
-PAGES = ('schemes.md',)  # where posbench/docs explains it
+# its line in posbench/docs/commands.md, and the pages that explain it
+SUMMARY = "the catalogue: every scheme and layout preset, its formula, hooks, parameters, paper"
+PAGES = ('schemes.md',)
 
 
 class Format(str, Enum):

@@ -10,8 +10,9 @@ from posbench.commands import console, plain
 from posbench.commands import frame as to_frame
 from posbench.commands.options import Device, Out, Schemes, Task, load_plugins, names, settings, takes
 
-SUMMARY = "time each scheme's attention layer, forward and backward"  # the line of posbench/docs/commands.md
-PAGES = ('gpu.md',)  # where posbench/docs explains it
+# its line in posbench/docs/commands.md, and the pages that explain it
+SUMMARY = "time each scheme's attention layer, forward and backward"
+PAGES = ('gpu.md',)
 
 
 @takes(config.SpeedConfig)

@@ -9,8 +9,9 @@ import typer
 from posbench.commands import err, plain, say
 from posbench.commands.options import Out
 
-SUMMARY = "a grid as a Slurm job array plus a merge job"  # the line of posbench/docs/commands.md
-PAGES = ('cluster.md',)  # where posbench/docs explains it
+# its line in posbench/docs/commands.md, and the pages that explain it
+SUMMARY = "a grid as a Slurm job array plus a merge job"
+PAGES = ('cluster.md',)
 
 
 def submit(

@@ -7,8 +7,9 @@ import typer
 
 from posbench.errors import PosbenchError
 
-SUMMARY = "the README's and results folders' markdown tables, from their CSVs"  # the line of commands.md
-PAGES = ("results.md",)  # where posbench/docs explains it
+# its line in posbench/docs/commands.md, and the pages that explain it
+SUMMARY = "the README's and results folders' markdown tables, from their CSVs"
+PAGES = ("results.md",)
 
 
 def table(

@@ -13,8 +13,9 @@ from posbench.commands import console
 from posbench.commands import frame as to_frame
 from posbench.errors import PosbenchError
 
-SUMMARY = "the task files and where each name resolves"  # the line of posbench/docs/commands.md
-PAGES = ('data.md',)  # where posbench/docs explains it
+# its line in posbench/docs/commands.md, and the pages that explain it
+SUMMARY = "the task files and where each name resolves"
+PAGES = ('data.md',)
 
 
 def tasks(

@@ -15,8 +15,9 @@ from posbench.data import DataConfig
 from posbench.errors import PosbenchError
 from posbench.model import ModelConfig
 
-SUMMARY = "train one model with one scheme or layout"  # the line of posbench/docs/commands.md
-PAGES = ('model.md', 'data.md')  # where posbench/docs explains it
+# its line in posbench/docs/commands.md, and the pages that explain it
+SUMMARY = "train one model with one scheme or layout"
+PAGES = ('model.md', 'data.md')
 
 
 @takes(DataConfig, ModelConfig, config.TrainConfig)

@@ -9,7 +9,7 @@ import math
 import torch
 from torch import nn
 
-from posbench.errors import PosbenchError, did_you_mean
+from posbench.errors import PosbenchError
 from posbench.schemes.base import MAX_SIZE, Scheme, at_least, below, between, frequency_base, one_of, positive, size
 from posbench.schemes.registry import register
 from posbench.schemes.tables import GrowingTable, position_count, sinusoid

@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posbench.errors import did_you_mean
 from posbench.schemes.base import Scheme, one_of, size
 from posbench.schemes.bias import ALiBi, Fire, Kerple
 from posbench.schemes.registry import register

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posbench.errors import PosbenchError, did_you_mean
+from posbench.errors import PosbenchError
 from posbench.schemes.absolute import Learned, hierarchical_table
 from posbench.schemes.base import MAX_SIZE, Range, Scheme, between, frequency_base, non_negative, one_of, positive, size
 from posbench.schemes.registry import register

@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import nn
 
-from posbench.errors import PosbenchError
 from posbench.schemes.base import Scheme, size
 from posbench.schemes.registry import register
 

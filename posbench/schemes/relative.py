@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from posbench.errors import PosbenchError, did_you_mean
+from posbench.errors import PosbenchError
 from posbench.schemes.base import MAX_SIZE, Scheme, between, one_of
 from posbench.schemes.registry import register
 from posbench.schemes.tables import GrowingTable, sinusoid
