@@ -4,6 +4,7 @@ checkpoints and training log, and loading a finished run back (posbench.training
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -186,6 +187,16 @@ def save_checkpoint(run_dir: Path, model, opt, gen, state: dict[str, Any], log: 
     # Serialized here and written by write_atomic: safetensors' own save_file makes files 0600.
     results.write_atomic(run_dir / CHECKPOINT, save(tensors, metadata={"state": json.dumps(state)}))
     write_log(run_dir, log)
+
+
+def weights_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """The sha256 of a model's weights: every tensor's name and bytes, in name order. Equal digests
+    mean bitwise equal models, whatever the file's layout (runs.csv's `weights_sha256`, the golden logs)."""
+    digest = hashlib.sha256()
+    for key in sorted(tensors):
+        data = tensors[key].detach().cpu().contiguous().reshape(-1).view(torch.uint8)  # any dtype, bfloat16 too
+        digest.update(key.encode() + data.numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

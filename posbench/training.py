@@ -24,7 +24,7 @@ from posbench.errors import Interrupted, RunFailed, first_line, on_interrupt, ou
 from posbench.extension import columns as extension_columns
 from posbench.model import Transformer
 from posbench.runs import (CHECKPOINT, COUNTS, FINAL, RunSpec, build_model, load_checkpoint, load_parent,
-                           save_checkpoint, write_log)
+                           save_checkpoint, weights_digest, write_log)
 from posbench.schemes.base import Scheme
 
 
@@ -328,7 +328,7 @@ def _finish(run: _Run) -> TrainResult:
         "final_val_loss": log[-1]["val_loss"], "final_val_accuracy": log[-1]["val_accuracy"],
         "unigram_val_loss": unigram_loss(data.train, data.valid, data.vocab_size) if data is not None else None,
         "train_seconds": run.seconds, "tokens_per_second": tokens / max(run.seconds, 1e-9),
-        "status": "ok", "message": "",
+        "status": "ok", "message": "", "weights_sha256": weights_digest(weights),
     }
     row.update(compute_rate(run.model, spec, run.dev, row["tokens_per_second"]))
     results.merge_rows(run.runs_dir, "runs", [row])

@@ -72,6 +72,17 @@ def test_same_seed_same_numbers(tiny_data, tmp_path):
     a = train(spec_for(tiny_data), tmp_path / "a", device="cpu", progress=False).row
     b = train(spec_for(tiny_data), tmp_path / "b", device="cpu", progress=False).row
     assert a["final_train_loss"] == b["final_train_loss"] and a["final_val_loss"] == b["final_val_loss"]
+    # the row names the weights bit for bit: a retrain is compared from runs.csv alone
+    assert len(a["weights_sha256"]) == 64 and a["weights_sha256"] == b["weights_sha256"]
+    from safetensors.torch import load_file
+
+    from posbench.runs import weights_digest
+
+    run_id = spec_for(tiny_data).run_id
+    assert weights_digest(load_file(tmp_path / "a" / run_id / "model.safetensors")) == a["weights_sha256"]
+    other = train(spec_for(tiny_data, lr=3e-3), tmp_path / "c", device="cpu", progress=False).row
+    assert other["weights_sha256"] != a["weights_sha256"]
+    assert results.read_rows(tmp_path / "a" / "runs.csv")[0]["weights_sha256"] == a["weights_sha256"]
 
 
 def test_resume_continues_to_the_same_result(tiny_data, tmp_path):
