@@ -193,11 +193,11 @@ def run(task: str, *, shard: str | None = None, resume: bool = False, out: str |
         device: str = "auto", speed: bool = True, compile: str | None = None,
         seeds: str | Sequence[int] | None = None, schemes: str | Iterable[str] | None = None,
         tracker: str | None = None, plugins: Sequence[str] = (), progress: bool = False,
-        log=None) -> dict[str, pd.DataFrame]:
+        log=None, workers: int | str | None = None) -> dict[str, pd.DataFrame]:
     """A whole grid, as `posbench run`: every table of the output folder by name (runs,
     extrapolation, probes, speed, ...), read back once the grid and its report are written.
     Raises PosbenchError naming the runs whose training failed."""
-    from posbench import grid, report, trackers
+    from posbench import grid, report, trackers, workers as pool
 
     _load(plugins)
     t = config.load_task(task)
@@ -209,8 +209,8 @@ def run(task: str, *, shard: str | None = None, resume: bool = False, out: str |
     if seeds is not None or schemes is not None:
         t = config.replace(t, seeds=_ints(seeds, "seeds"), schemes=split_names(schemes))
     out_dir = Path(out or Path("runs") / t.name)
-    done = grid.run_task(t, out_dir, grid.parse_shard(shard), resume, device, progress=progress, speed=speed,
-                         log=log or (lambda m: None))
+    done = pool.run_task(t, out_dir, grid.parse_shard(shard), resume, device, progress=progress, speed=speed,
+                         log=log or (lambda m: None), workers=workers)
     report.write_report(out_dir, t.eval.effective_tolerance, t.eval.effective_threshold)
     tables = {name: _frame(results.read_rows(results.table_path(out_dir, name)))
               for name in results.TABLES if results.table_path(out_dir, name).exists()}

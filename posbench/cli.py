@@ -362,11 +362,13 @@ def run(
     seeds: Optional[str] = typer.Option(None, help="seeds instead of the task's, e.g. 0,1,2 (same run_ids)"),
     schemes: Optional[str] = typer.Option(None, help="schemes instead of the task's, comma-separated"),
     tracker: Optional[str] = typer.Option(None, help=TRACKER_HELP),
+    workers: Optional[str] = typer.Option(None, help="N | auto: runs on N processes of this machine, each with "
+                                          "its share of the cores or GPU memory (default: the task's, 1)"),
 ) -> int:
     """Run a whole grid: train every scheme x seed, extrapolate, time kernels, write the report.
     Exit 1 when a run failed (NaN loss, a kernel the device refused): the others are trained,
     evaluated and reported."""
-    from posbench import grid, report, trackers
+    from posbench import grid, report, trackers, workers as pool
 
     began = time.perf_counter()
     t = config.load_task(task)
@@ -377,8 +379,8 @@ def run(
                            schemes=_split(schemes))
     part = grid.parse_shard(shard)
     out_dir = out or Path("runs") / t.name
-    done = grid.run_task(t, out_dir, part, resume, device, progress=sys.stderr.isatty(), speed=speed,
-                         log=lambda m: console.print(f"[dim]{m}[/]"))
+    done = pool.run_task(t, out_dir, part, resume, device, progress=sys.stderr.isatty(), speed=speed,
+                         log=lambda m: console.print(f"[dim]{m}[/]"), workers=workers)
     console.print(
         f"{t.name} shard {part[0]}/{part[1]}: trained {done['trained']}, skipped {done['skipped_train']} "
         f"finished; evaluated {done['evaluated']}, skipped {done['skipped_eval']}; probed {done['probes']}, "

@@ -149,6 +149,7 @@ class Task:
     probes: ProbesConfig = ProbesConfig()
     extend: ExtendConfig = ExtendConfig()
     pretrained: str = ""  # [model] pretrained: hf:FOLDER or gguf:FILE evaluated in place of trained runs
+    workers: int | str = 1  # worker processes of `posbench run` (a number, or "auto"; posbench.workers)
 
     def train_for(self, spec: str) -> TrainConfig:
         """The training settings of runs on data `spec`: [train], with the keys of
@@ -386,6 +387,7 @@ def validate(obj) -> None:
         if not obj.seeds:
             raise PosbenchError("a task needs at least one seed (seeds = [])")
         check_seed(*obj.seeds)
+        check_workers(obj.workers)
         if len(set(obj.seeds)) < len(obj.seeds):
             raise PosbenchError(f"seeds repeat: {list(obj.seeds)}")
         from posbench import layout
@@ -403,6 +405,17 @@ def validate(obj) -> None:
                 raise PosbenchError(f"params for layout {name!r}: a layout takes its parameters "
                                     "inside its spec (e.g. rope:base=500000@w16)")
             coerce_params(get_scheme(plain[0]), params)
+
+
+def check_workers(value: Any) -> int | str:
+    """`workers` (task key or --workers): a whole number of processes from 1 up, or "auto"."""
+    if isinstance(value, str) and value.strip() == "auto":
+        return "auto"
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PosbenchError(f"workers must be a number of processes from 1 up, or \"auto\"; got {value!r}")
+    return value
 
 
 def check_extend_pairings(task: Task) -> None:
