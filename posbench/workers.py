@@ -117,7 +117,7 @@ class Job:
     gpu: int | None
     plugins: tuple[str, ...]
     index: int
-    runner: Callable = None  # runs one run_id of the grid in the worker (run_one; a test's own)
+    runner: Callable  # runs one run_id of the grid in the worker: run_one
 
 
 def run_one(job: Job, run_id: str) -> dict:
@@ -145,7 +145,7 @@ def work(job: Job, conn) -> None:
             if run_id is None:
                 return
             try:
-                conn.send(("done", (job.runner or run_one)(job, run_id)))
+                conn.send(("done", job.runner(job, run_id)))
             except (Interrupted, KeyboardInterrupt):
                 raise
             except PosbenchError as e:
@@ -235,7 +235,7 @@ def run_task(task: config.Task, out: Path | str, shard: tuple[int, int] = (1, 1)
     by_id = {s.run_id: s for s in specs}
     done = {"trained": 0, "skipped_train": 0, "evaluated": 0, "skipped_eval": 0, "probes": 0,
             "skipped_probes": 0, "speed": 0, "failed": []}
-    job = Job(task, str(out), shard, resume, kind, chosen.threads, None, _plugin_specs(), 0, runner)
+    job = Job(task, str(out), shard, resume, kind, chosen.threads, None, _plugin_specs(), 0, runner or run_one)
     pool = Pool(job, chosen, min(chosen.workers, len(queue)), log)
     try:
         pool.run(queue, by_id, done, out, kind)
