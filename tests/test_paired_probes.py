@@ -55,3 +55,27 @@ def test_paired_probe_cli(folder, capsys):
     assert "did you mean 'rope'" in capsys.readouterr().err
     assert main(["paired", "rope", "none", "--runs-dir", str(folder), "--probe", "sort"]) == 2
     assert main(["paired", "rope", "none", "--runs-dir", str(folder), "--probe", "mqar", "--mode", "sliding"]) == 2
+
+
+def test_tests_without_normality_beside_the_interval(tmp_path, capsys):
+    # ten seeds: rope ahead in nine by 10 to 90 answers of 200, behind in one by 20
+    rows = []
+    for seed in range(10):
+        ahead = -20 if seed == 3 else 10 * (seed + 1)
+        rows += [probe_row("rope", seed, 64, 100 + ahead), probe_row("none", seed, 64, 100)]
+    results.merge_rows(tmp_path, "probes", rows)
+    (row,) = paired_probes(tmp_path, "rope", "none")
+    assert (row["for_a"], row["for_b"]) == (9, 1)
+    assert row["sign_p"] == pytest.approx(0.021484375)  # scipy.stats.binomtest(9, 10).pvalue
+    # answers 10, 20, 30, -20, 50, ..., 100 (sum 490): of the 1024 sign flips, |sum| >= 490 for the
+    # observed one, the flip of the 10, of the -20 (into +20) and of both, and their 4 mirrors: 8
+    assert row["perm_p"] == pytest.approx(8 / 1024)
+    assert main(["paired", "rope", "none", "--runs-dir", str(tmp_path), "--probe", "mqar"]) == 0
+    out = capsys.readouterr().out
+    assert "9 of 10" in out and "0.0215" in out and "sign p" in out and "permutation p" in out
+
+
+def test_three_seeds_never_reach_the_sign_tests_five_percent(folder):
+    row = {r["eval_len"]: r for r in paired_probes(folder, "rope", "none", "mqar")}[64]
+    assert row["sign_p"] == pytest.approx(0.25) and row["perm_p"] == pytest.approx(0.25)
+    assert row["verdict"] == "rope better"  # the t-interval, with no spread at all, says more
