@@ -68,7 +68,8 @@ def test_tests_without_normality_beside_the_interval(tmp_path, capsys):
     assert (row["for_a"], row["for_b"]) == (9, 1)
     assert row["sign_p"] == pytest.approx(0.021484375)  # scipy.stats.binomtest(9, 10).pvalue
     # answers 10, 20, 30, -20, 50, ..., 100 (sum 490): of the 1024 sign flips, |sum| >= 490 for the
-    # observed one, the flip of the 10, of the -20 (into +20) and of both, and their 4 mirrors: 8
+    # observed one, the -20 flipped (530), the -20 with the 10 (510) or with the 20 (490), and their
+    # 4 mirror images: 8
     assert row["perm_p"] == pytest.approx(8 / 1024)
     assert main(["paired", "rope", "none", "--runs-dir", str(tmp_path), "--probe", "mqar"]) == 0
     out = capsys.readouterr().out
