@@ -13,9 +13,12 @@ Also the summed training time of the runs (one core each).
 --seeds prints the table over seeds instead, from one or more results directories read as one (a run
 in several counts once, from the first): per probe and scheme, the seeds scored, how many learned in
 length (at least 90% at the training length, the gate of `posbench probe`), steps to the early stop
-as median and range (a run that spent every step counts its last step, marked +), and per ratio the
+as median and range (a run that spent every step counts its last step, marked +), per ratio the
 mean over seeds of each seed's per-answer accuracy with its 95% t-interval over seeds (clipped to
-0..100), or the Wilson interval of the pooled answers where one seed was scored. --compact prints
+0..100), or the Wilson interval of the pooled answers where one seed was scored; per ratio the
+median and quartiles over seeds (the typical seed); and per ratio above 1 the seeds holding the
+probe, those that keep at least half of their accuracy at the training length, `k of n` with the
+Wilson 95% interval of that share (how reliably a scheme keeps it). --compact prints
 probe x scheme instead, each cell the means at the ratios (`(k of n learned)` where not every seed
 learned), the scheme variants named in COLUMNS alone (README's table). --task keeps the
 runs of that task's grid alone (e.g. probe-seeds, whose seed-0 runs share results/probes' run_ids).
@@ -158,7 +161,9 @@ def seeds_rows(dirs: list[Path], ratios: tuple[int, ...], task: str | None = Non
                     steps.append((int(r["stopped_at"]) if stopped else int(r["steps"]), not stopped))
             record = {"probe": probe, "scheme": name, "seeds": rows["seed"].nunique(),
                       "learned": first[first["status"] != "not learned"]["seed"].nunique(),
-                      "scored": first["seed"].nunique(), "steps": steps_cell(steps), "means": [], "cells": []}
+                      "scored": first["seed"].nunique(), "steps": steps_cell(steps), "means": [], "cells": [],
+                      "medians": [], "holding": []}
+            at_one = seed_accuracy(first)["accuracy"].to_dict()
             for ratio in ratios:
                 per_seed = seed_accuracy(rows[rows["ratio"] == ratio])
                 if per_seed.empty:
@@ -172,15 +177,36 @@ def seeds_rows(dirs: list[Path], ratios: tuple[int, ...], task: str | None = Non
                     mean, cell = ci.mean, f"{100 * ci.mean:.0f} [{100 * max(ci.lo, 0):.0f}, {100 * min(ci.hi, 1):.0f}]"
                 record["means"].append(mean)
                 record["cells"].append(cell)
+                record["medians"].append(quartiles_cell(per_seed["accuracy"]) if len(per_seed) > 1 else "")
+                record["holding"].append(holding_cell(at_one, per_seed["accuracy"].to_dict()) if ratio > 1 else "")
             out.append(record)
     return out
 
 
+def quartiles_cell(accuracy) -> str:
+    """`median (first quartile-third quartile)` of the seeds' accuracies, in points."""
+    q1, median, q3 = stats.quartiles(accuracy)
+    return f"{100 * median:.0f} ({100 * q1:.0f}-{100 * q3:.0f})"
+
+
+def holding_cell(at_one: dict, at_ratio: dict) -> str:
+    """`k of n (lo-hi%)`: the seeds keeping at least half their accuracy at the training length,
+    with the Wilson 95% interval of that share."""
+    held, n = stats.holding(at_one, at_ratio)
+    if not n:
+        return ""
+    lo, hi = stats.wilson(held, n)
+    return f"{held} of {n} ({100 * lo:.0f}-{100 * hi:.0f}%)"
+
+
 def seeds_table(records: list[dict], ratios: tuple[int, ...]) -> list[str]:
-    head = ["probe", "scheme", "seeds", "learned", "steps to stop"] + [f"{r}x" for r in ratios]
+    longer = [k for k, r in enumerate(ratios) if r > 1]
+    head = (["probe", "scheme", "seeds", "learned", "steps to stop"] + [f"{r}x mean [95%]" for r in ratios]
+            + [f"{r}x median (IQR)" for r in ratios] + [f"{ratios[k]}x holding" for k in longer])
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for r in records:
-        cells = [r["probe"], r["scheme"], str(r["seeds"]), f"{r['learned']} of {r['scored']}", r["steps"], *r["cells"]]
+        cells = [r["probe"], r["scheme"], str(r["seeds"]), f"{r['learned']} of {r['scored']}", r["steps"], *r["cells"],
+                 *r["medians"], *(r["holding"][k] for k in longer)]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
