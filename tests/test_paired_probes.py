@@ -1,5 +1,7 @@
 """`posbench paired A B --probe P`: probe accuracy differences paired seed by seed."""
 
+from pathlib import Path
+
 import pytest
 
 from posbench import results
@@ -80,3 +82,34 @@ def test_three_seeds_never_reach_the_sign_tests_five_percent(folder):
     row = {r["eval_len"]: r for r in paired_probes(folder, "rope", "none", "mqar")}[64]
     assert row["sign_p"] == pytest.approx(0.25) and row["perm_p"] == pytest.approx(0.25)
     assert row["verdict"] == "rope better"  # the t-interval, with no spread at all, says more
+
+
+def test_every_seed_is_a_point_in_the_probe_figure(folder, monkeypatch):
+    from posbench import report
+
+    drawn = {}
+    real = report.results.save_figure
+
+    def keep(fig, path, dpi):
+        drawn[Path(path).name] = [[tuple(p) for p in c.get_offsets()] for ax in fig.axes for c in ax.collections]
+        return real(fig, path, dpi)
+
+    monkeypatch.setattr(report.results, "save_figure", keep)
+    md = report.probes_markdown(results.read_probes(folder), folder)
+    assert "![probe_mqar_seeds](probe_mqar_seeds.png)" in md and (folder / "probe_mqar_seeds.png").stat().st_size > 1000
+    panels = drawn["probe_mqar_seeds.png"]  # per length (32, 64), per scheme: the seeds, then the mean
+    points = {round(y, 6) for group in panels for x, y in group}
+    # rope at 64: 30, 70, 100; none at 64: 20, 60, 90 (hits of 200); every one drawn
+    assert {30.0, 70.0, 100.0, 20.0, 60.0, 90.0} <= points
+    seeds = [group for group in panels if len(group) == 3]
+    assert len(seeds) == 4  # two schemes x two lengths, three seeds each
+    (equal,) = [group for group in seeds if {y for x, y in group} == {95.0}]  # rope at 32: 190 of 200 each
+    assert len({x for x, y in equal}) == 3  # equal values spread sideways, none hidden
+
+
+def test_one_seed_draws_no_seed_figure(tmp_path):
+    from posbench import report
+
+    results.merge_rows(tmp_path, "probes", [probe_row("rope", 0, 64, 56, 70), probe_row("none", 0, 64, 48, 80)])
+    md = report.probes_markdown(results.read_probes(tmp_path), tmp_path)
+    assert not any("_seeds" in line for line in md) and not (tmp_path / "probe_mqar_seeds.png").exists()
