@@ -168,9 +168,6 @@ def test_a_killed_worker_fails_its_run_only(task_file, tmp_path, monkeypatch, ca
     evaluated = {r["run_id"] for r in results.read_rows(out / "extrapolation.csv")}
     assert len(evaluated) == 3 and victim not in evaluated
     assert (out / "report.md").exists()
-    resumed = kept[0].parent.name
-    log = results.read_rows(out / resumed / "log.csv")
-    assert [int(r["step"]) for r in log] == list(range(1, 401))  # every step logged once
     monkeypatch.setenv("VICTIM", "")
     assert main(args) == 0  # the failed run again, the others kept
     assert "trained 1, skipped 7" in capsys.readouterr().out
