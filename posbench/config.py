@@ -227,6 +227,7 @@ class Task:
     probes: ProbesConfig = ProbesConfig()
     extend: ExtendConfig = ExtendConfig()
     pretrained: str = ""  # [model] pretrained: hf:FOLDER or gguf:FILE evaluated in place of trained runs
+    workers: int | str = 1  # worker processes of `posbench run` (a number, or "auto"; posbench.workers)
 
     def check(self) -> None:
         from posbench import layout
@@ -240,6 +241,7 @@ class Task:
         if not self.seeds:
             raise PosbenchError("a task needs at least one seed (seeds = [])")
         check_seed(*self.seeds)
+        check_workers(self.workers)
         if len(set(self.seeds)) < len(self.seeds):
             raise PosbenchError(f"seeds repeat: {list(self.seeds)}")
         for name in self.schemes:
@@ -398,6 +400,17 @@ def validate(obj) -> None:
 def check_yarn(alpha: float, beta: float) -> None:
     if alpha >= beta:
         raise PosbenchError(f"yarn_alpha ({alpha}) must be below yarn_beta ({beta})")
+
+
+def check_workers(value: Any) -> int | str:
+    """`workers` (task key or --workers): a whole number of processes from 1 up, or "auto"."""
+    if isinstance(value, str) and value.strip() == "auto":
+        return "auto"
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PosbenchError(f"workers must be a number of processes from 1 up, or \"auto\"; got {value!r}")
+    return value
 
 
 def check_extend_pairings(task: Task) -> None:

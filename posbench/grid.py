@@ -103,10 +103,12 @@ def evaluated(out: Path, table: str, expected: set[tuple[str, ...]]) -> bool:
 
 
 def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resume: bool = False,
-             device: str = "auto", progress: bool = False, speed: bool = True, log=print) -> dict:
-    """Run (this shard of) the grid into `out`. Returns counts of what was done and skipped, and
-    the run_ids whose training failed (NaN loss, a kernel refused): those are recorded as failed in runs.csv and
-    left out of evaluation, and the grid goes on with the others."""
+             device: str = "auto", progress: bool = False, speed: bool = True, log=print,
+             only: set[str] | None = None) -> dict:
+    """Run (this shard of) the grid into `out` (of the shard, only the runs named in `only`, when
+    given). Returns counts of what was done and skipped, and the run_ids whose training failed (NaN
+    loss, a kernel refused): those are recorded as failed in runs.csv and left out of evaluation,
+    and the grid goes on with the others."""
     from rich.progress import Progress
 
     from posbench import evaluate
@@ -118,6 +120,8 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
         raise PosbenchError(f"shard {shard[0]}/{shard[1]} of task {task.name} holds no runs: the grid has "
                             f"{len(everything)} runs (schemes x seeds, probes included), so at most "
                             f"{len(everything)} shards have work; nothing was written to {out}")
+    if only is not None:
+        specs = [s for s in specs if s.run_id in only]
     out.mkdir(parents=True, exist_ok=True)
     done = {"trained": 0, "skipped_train": 0, "evaluated": 0, "skipped_eval": 0, "probes": 0,
             "skipped_probes": 0, "speed": 0, "failed": []}

@@ -125,7 +125,10 @@ def paired_probes(directory: Path | str, a: str, b: str, probe: str | None = Non
     - one seed: Newcombe's interval for the difference of two proportions from the Wilson
       intervals of each (evaluation noise only: it holds for these two models, not the schemes).
 
-    Positive differences favour A."""
+    Beside the t-interval, two tests over the seeds that assume no normal distribution (a seed
+    often keeps a probe or loses it): the exact two-sided sign test (`sign_p`; `for_a`, `for_b`:
+    seeds on either side) and, with at most stats.PERMUTATION_MAX seeds, the exact paired
+    permutation test (`perm_p`); NaN with one seed. Positive differences favour A."""
     from posbench.reporting import label
 
     path = results.table_path(directory, "probes")
@@ -147,14 +150,19 @@ def paired_probes(directory: Path | str, a: str, b: str, probe: str | None = Non
         seeds = sorted(set(sa[cell]) & set(sb[cell]))
         if not seeds:
             continue
+        diffs = [sa[cell][s][0] - sb[cell][s][0] for s in seeds]
         if len(seeds) >= 2:
-            iv = stats.mean_interval([sa[cell][s][0] - sb[cell][s][0] for s in seeds])
+            iv = stats.mean_interval(diffs)
+            sign_p, for_a, for_b = stats.sign_test(diffs)
+            perm_p = stats.permutation_test(diffs)
         else:
             iv = _newcombe(sa[cell][seeds[0]][1:], sb[cell][seeds[0]][1:])
+            sign_p, for_a, for_b, perm_p = math.nan, int(diffs[0] > 0), int(diffs[0] < 0), math.nan
         out.append({"probe": name, "eval_len": length, "variant": variant, "seeds": len(seeds),
                     "a": sum(sa[cell][s][0] for s in seeds) / len(seeds),
                     "b": sum(sb[cell][s][0] for s in seeds) / len(seeds),
-                    "diff": iv.mean, "lo": iv.lo, "hi": iv.hi, "verdict": verdict(iv, b, a)})
+                    "diff": iv.mean, "lo": iv.lo, "hi": iv.hi, "verdict": verdict(iv, b, a),
+                    "for_a": for_a, "for_b": for_b, "sign_p": sign_p, "perm_p": perm_p})
     if not out:
         wanted = f" at {', '.join(map(str, lengths))}" if lengths else ""
         raise PosbenchError(f"{a} and {b} share no scored probe cells with a common seed{wanted} in {path}")
@@ -197,11 +205,19 @@ def paired_probes_table(rows: list[dict], a: str, b: str):
 
     table = Table(title=f"{a} vs {b}: per-answer probe accuracy paired over seeds",
                   caption="difference A - B in accuracy points (positive: A better), 95% interval: over seeds "
-                          "where 2 or more, else Newcombe's for two proportions (evaluation noise only)")
-    for col in ("probe", "length", "variant", "seeds", "A", "B", "A - B", "95% interval", "verdict"):
+                          "where 2 or more, else Newcombe's for two proportions (evaluation noise only); "
+                          "A > B: seeds favouring A of those that differ; sign p, permutation p: exact "
+                          f"two-sided tests over seeds, no normality assumed (permutation: up to "
+                          f"{stats.PERMUTATION_MAX} seeds)")
+    for col in ("probe", "length", "variant", "seeds", "A", "B", "A - B", "95% interval", "verdict", "A > B",
+                "sign p", "permutation p"):
         table.add_column(col, justify="left" if col in ("probe", "variant", "verdict") else "right")
     for r in rows:
         table.add_row(r["probe"], str(r["eval_len"]), r["variant"] or "-", str(r["seeds"]), f"{r['a']:.1%}",
                       f"{r['b']:.1%}", f"{100 * r['diff']:+.1f}", f"[{100 * r['lo']:+.1f}, {100 * r['hi']:+.1f}]",
-                      r["verdict"])
+                      r["verdict"], f"{r['for_a']} of {r['for_a'] + r['for_b']}", _p(r["sign_p"]), _p(r["perm_p"]))
     return table
+
+
+def _p(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.3g}"

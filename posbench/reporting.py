@@ -253,6 +253,55 @@ def plot_probe_heatmap(df: pd.DataFrame, path: Path, title: str) -> Path:
     return results.save_figure(fig, path, 110)
 
 
+def seed_accuracies(g: pd.DataFrame) -> list[float]:
+    """Each seed's (run's) per-answer accuracy in one label and length, variants pooled, as
+    accuracy_interval pools them."""
+    ok = g[g["status"].isin(SCORED)]
+    ok = ok.assign(answers=pd.to_numeric(ok["answers"]), hits=pd.to_numeric(ok["hits"]))
+    per_run = ok.groupby("run_id")[["hits", "answers"]].sum()
+    return sorted((per_run["hits"] / per_run["answers"]).tolist())
+
+
+def plot_probe_seeds(df: pd.DataFrame, path: Path, title: str) -> Path:
+    """A strip plot per cell: one panel per prompt length, in it per scheme variant every seed's
+    accuracy as a point (spread sideways where seeds coincide), the median as a bar and the mean
+    as a diamond. What a mean over all-or-nothing seeds hides (95, 90 and 0) shows here."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = sorted(df["eval_len"].unique())
+    names = sorted(df["label"].unique(), key=lambda s: (s.split("+")[0], s))
+    fig, axes = plt.subplots(1, len(lengths), figsize=(max(3.0, 0.45 * len(names) + 1.2) * len(lengths), 3.6),
+                             sharey=True, squeeze=False)
+    for ax, n in zip(axes[0], lengths):
+        for i, name in enumerate(names):
+            g = df[(df["label"] == name) & (df["eval_len"] == n)]
+            values = seed_accuracies(g) if g["status"].isin(SCORED).any() else []
+            if not values:
+                continue
+            # seeds at the same value side by side, centred on the scheme's place
+            xs, seen = [], {}
+            for v in values:
+                k = seen.setdefault(round(v, 3), [0])
+                xs.append(i + 0.09 * ((k[0] + 1) // 2) * (1 if k[0] % 2 else -1))
+                k[0] += 1
+            ax.scatter(xs, [100 * v for v in values], s=16, color=f"C{i % 10}", alpha=0.8, zorder=3)
+            _, median, _ = stats.quartiles(values)
+            ax.hlines(100 * median, i - 0.3, i + 0.3, color="black", linewidth=1.2, zorder=2)
+            ax.scatter([i], [100 * sum(values) / len(values)], marker="D", s=18, facecolor="none",
+                       edgecolor="black", zorder=4)
+        ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=7)
+        ax.set_title(length_header(df, n), fontsize=8)
+        ax.set_ylim(-5, 105)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("per-answer accuracy, %")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return results.save_figure(fig, path, 110)
+
+
 def probes_markdown(rows, directory: Path) -> list[str]:
     """report.md's probe section: per probe a table and a heatmap (probe_<name>.png)."""
     df = probe_frame(rows)
@@ -269,6 +318,10 @@ def probes_markdown(rows, directory: Path) -> list[str]:
             m[: -len(NOT_LEARNED_LABEL)] for m in missed) + ".") if missed else ""
         md += [f"### {probe}", "", f"Trained on {specs}.{level}{verdict}", "", markdown_table(*probe_grid(g)), "",
                f"![{path.stem}]({path.name})", ""]
+        if g.groupby("label")["seed"].nunique().max() > 1:  # over seeds: every seed a point
+            seeds = plot_probe_seeds(g, directory / f"probe_{probe}_seeds.png",
+                                     f"{probe}: each seed's accuracy (bar: median; diamond: mean)")
+            md += [f"![{seeds.stem}]({seeds.name})", ""]
     return md
 
 

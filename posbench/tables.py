@@ -272,7 +272,9 @@ def _seed_cell(per_seed: pd.DataFrame) -> tuple[float | None, str]:
 
 def seeds_records(dirs: list[Path], ratios: tuple[int, ...], task: str | None = None) -> list[dict]:
     """One record per probe and scheme variant: seeds scored, seeds learned, steps to the stop,
-    and per ratio the mean over seeds (`means`) with its formatted cell (`cells`)."""
+    and per ratio the mean over seeds (`means`) with its formatted cell (`cells`), the median and
+    quartiles (`medians`: the typical seed) and, past 1x, the seeds holding the probe (`holding`:
+    those keeping at least half their accuracy at the training length, with a Wilson interval)."""
     df = scored_frame(dirs, task)
     runs: dict[str, dict] = {}
     for out in dirs:
@@ -293,19 +295,42 @@ def seeds_records(dirs: list[Path], ratios: tuple[int, ...], task: str | None = 
                     steps.append((int(r["stopped_at"]) if stopped else int(r["steps"]), not stopped))
             record = {"probe": probe, "scheme": name, "seeds": rows["seed"].nunique(),
                       "learned": first[first["status"] != "not learned"]["seed"].nunique(),
-                      "scored": first["seed"].nunique(), "steps": steps_cell(steps), "means": [], "cells": []}
+                      "scored": first["seed"].nunique(), "steps": steps_cell(steps), "means": [], "cells": [],
+                      "medians": [], "holding": []}
+            at_one = seed_accuracy(first)["accuracy"].to_dict()
             for ratio in ratios:
-                mean, cell = _seed_cell(seed_accuracy(rows[rows["ratio"] == ratio]))
+                per_seed = seed_accuracy(rows[rows["ratio"] == ratio])
+                mean, cell = _seed_cell(per_seed)
                 record["means"].append(mean)
                 record["cells"].append(cell)
+                record["medians"].append(quartiles_cell(per_seed["accuracy"]) if len(per_seed) > 1 else "")
+                record["holding"].append(holding_cell(at_one, per_seed["accuracy"].to_dict()) if ratio > 1 else "")
             out.append(record)
     return out
 
 
+def quartiles_cell(accuracy) -> str:
+    """`median (first quartile-third quartile)` of the seeds' accuracies, in points."""
+    q1, median, q3 = stats.quartiles(accuracy)
+    return f"{100 * median:.0f} ({100 * q1:.0f}-{100 * q3:.0f})"
+
+
+def holding_cell(at_one: dict, at_ratio: dict) -> str:
+    """`k of n (lo-hi%)`: the seeds keeping at least half their accuracy at the training length,
+    with the Wilson 95% interval of that share."""
+    held, n = stats.holding(at_one, at_ratio)
+    if not n:
+        return ""
+    lo, hi = stats.wilson(held, n)
+    return f"{held} of {n} ({100 * lo:.0f}-{100 * hi:.0f}%)"
+
+
 def seeds_table(records: list[dict], ratios: tuple[int, ...]) -> str:
-    head = ["probe", "scheme", "seeds", "learned", "steps to stop"] + [f"{r}x" for r in ratios]
-    body = [[r["probe"], r["scheme"], str(r["seeds"]), f"{r['learned']} of {r['scored']}", r["steps"], *r["cells"]]
-            for r in records]
+    longer = [k for k, r in enumerate(ratios) if r > 1]
+    head = (["probe", "scheme", "seeds", "learned", "steps to stop"] + [f"{r}x mean [95%]" for r in ratios]
+            + [f"{r}x median (IQR)" for r in ratios] + [f"{ratios[k]}x holding" for k in longer])
+    body = [[r["probe"], r["scheme"], str(r["seeds"]), f"{r['learned']} of {r['scored']}", r["steps"], *r["cells"],
+             *r["medians"], *(r["holding"][k] for k in longer)] for r in records]
     return markdown_table(head, body)
 
 

@@ -9,7 +9,7 @@
 #                                                       # 1024-16384 (or LENGTHS, e.g. 8192,16384)
 #   bash scripts/gpu_session.sh train    OUT   # the quick task compiled and eager, recompiles logged
 #   bash scripts/gpu_session.sh standard OUT [SCHEMES]   # the standard task, seed 0 (none,rope)
-#   bash scripts/gpu_session.sh probes   OUT [SECONDS]   # the probe-seeds grid, one run a process, up to 15 at once
+#   bash scripts/gpu_session.sh probes   OUT [SECONDS]   # the probe-seeds grid on --workers auto,
 #                                                       # eager, stopped after SECONDS (default 540);
 #                                                       # a later call goes on (--resume) where it stopped
 #
@@ -124,36 +124,24 @@ standard)
     pb run "$task" --device "$device" --seeds 0 --schemes "$schemes" --no-speed --resume --out "$work/standard"
     ;;
 probes)
-    # Probe runs are small: one CPU thread each drives the GPU, so runs go side by side, one run a
-    # shard, the longest expected first (scripts/probe_queue.py). Runs with an ok row in
-    # results/probes/seeds are not trained again; runs cut short keep their checkpoints in
-    # $out/probes/shards (kept between calls on one machine) and a later call continues them.
+    # Probe runs are small: one CPU thread each drives the GPU, so runs go side by side on worker
+    # processes (`posbench run --workers auto`: as many as the GPU's free memory holds at about 8 GB
+    # each, the longest expected run first). SEEDS (default 3-9: seeds 0-2 are in
+    # results/probes/seeds) chooses the seeds; WORKERS a number instead of auto. Runs cut short keep
+    # their checkpoints in $out/probes/probes (kept between calls on one machine) and a later call
+    # continues them (--resume).
     limit="${3:-540}"
-    task=probe-seeds shards=126 workers="${WORKERS:-15}"
-    # about 8 GB of GPU memory a process: on an 80 GB H100, 15 processes ran out of it (three
-    # runs' probe scoring or training), where a 141 GB H200 held them
-    if [ -z "${WORKERS:-}" ] && [ "$smoke" != 1 ] && command -v nvidia-smi >/dev/null; then
-        mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-        workers=$(( mib / 8000 < 15 ? mib / 8000 : 15 ))
-    fi
+    task=probe-seeds seeds="${SEEDS:-3,4,5,6,7,8,9}" workers="${WORKERS:-auto}"
     if [ "$smoke" = 1 ]; then
         shrink tasks/probe-seeds.toml "$work/probe-seeds-smoke.toml" steps=4 eval_interval=2 \
             checkpoint_interval=2 trials=2
-        task="$work/probe-seeds-smoke.toml" workers=2 shards="${SHARDS:-126}"
+        task="$work/probe-seeds-smoke.toml" workers="${WORKERS:-2}"
     fi
-    mkdir -p "$work/shards"
-    python3 scripts/probe_queue.py "$task" "$shards" "$work/shards" --have results/probes/seeds \
-        --expect results/probes > "$work/queue"
-    echo "probe-seeds: $(wc -l < "$work/queue") runs to train, $workers at a time"
-    OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 timeout --signal=INT --kill-after=30 "$limit" \
-        xargs -P "$workers" -I{} sh -c "python3 -m posbench run $task --shard {}/$shards --device $device \
-            --compile off --no-speed --resume --out $work/shards/{} >> $work/shards/{}.log 2>&1" \
-        < "$work/queue" || true
-    done_shards=$(grep -l "wall time" "$work"/shards/*.log 2>/dev/null | wc -l)
-    echo "probe-seeds: $done_shards of $shards shards finished"
-    merge=()
-    for log in $(grep -l "wall time" "$work"/shards/*.log 2>/dev/null); do merge+=(--merge "${log%.log}"); done
-    [ "${#merge[@]}" -gt 0 ] && pb report "$work/merged" "${merge[@]}"
+    TORCHINDUCTOR_COMPILE_THREADS=1 timeout --signal=INT --kill-after=90 "$limit" \
+        python3 -m posbench run "$task" --workers "$workers" --seeds "$seeds" --device "$device" \
+            --compile off --no-speed --resume --out "$work/probes" || true
+    echo "probe-seeds: $(grep -c ',ok,' "$work/probes/runs.csv" 2>/dev/null || echo 0) runs finished"
+    [ -f "$work/probes/runs.csv" ] && pb report "$work/probes"
     ;;
 *)
     echo "unknown part: $part (check | speed | train | standard | probes)" >&2

@@ -1,5 +1,7 @@
 """`posbench paired A B --probe P`: probe accuracy differences paired seed by seed."""
 
+from pathlib import Path
+
 import pytest
 
 from posbench import results
@@ -55,3 +57,59 @@ def test_paired_probe_cli(folder, capsys):
     assert "did you mean 'rope'" in capsys.readouterr().err
     assert main(["paired", "rope", "none", "--runs-dir", str(folder), "--probe", "sort"]) == 2
     assert main(["paired", "rope", "none", "--runs-dir", str(folder), "--probe", "mqar", "--mode", "sliding"]) == 2
+
+
+def test_tests_without_normality_beside_the_interval(tmp_path, capsys):
+    # ten seeds: rope ahead in nine by 10 to 90 answers of 200, behind in one by 20
+    rows = []
+    for seed in range(10):
+        ahead = -20 if seed == 3 else 10 * (seed + 1)
+        rows += [probe_row("rope", seed, 64, 100 + ahead), probe_row("none", seed, 64, 100)]
+    results.merge_rows(tmp_path, "probes", rows)
+    (row,) = paired_probes(tmp_path, "rope", "none")
+    assert (row["for_a"], row["for_b"]) == (9, 1)
+    assert row["sign_p"] == pytest.approx(0.021484375)  # scipy.stats.binomtest(9, 10).pvalue
+    # answers 10, 20, 30, -20, 50, ..., 100 (sum 490): of the 1024 sign flips, |sum| >= 490 for the
+    # observed one, the -20 flipped (530), the -20 with the 10 (510) or with the 20 (490), and their
+    # 4 mirror images: 8
+    assert row["perm_p"] == pytest.approx(8 / 1024)
+    assert main(["paired", "rope", "none", "--runs-dir", str(tmp_path), "--probe", "mqar"]) == 0
+    out = capsys.readouterr().out
+    assert "9 of 10" in out and "0.0215" in out and "sign p" in out and "permutation p" in out
+
+
+def test_three_seeds_never_reach_the_sign_tests_five_percent(folder):
+    row = {r["eval_len"]: r for r in paired_probes(folder, "rope", "none", "mqar")}[64]
+    assert row["sign_p"] == pytest.approx(0.25) and row["perm_p"] == pytest.approx(0.25)
+    assert row["verdict"] == "rope better"  # the t-interval, with no spread at all, says more
+
+
+def test_every_seed_is_a_point_in_the_probe_figure(folder, monkeypatch):
+    from posbench import report
+
+    drawn = {}
+    real = report.results.save_figure
+
+    def keep(fig, path, dpi):
+        drawn[Path(path).name] = [[tuple(p) for p in c.get_offsets()] for ax in fig.axes for c in ax.collections]
+        return real(fig, path, dpi)
+
+    monkeypatch.setattr(report.results, "save_figure", keep)
+    md = report.probes_markdown(results.read_probes(folder), folder)
+    assert "![probe_mqar_seeds](probe_mqar_seeds.png)" in md and (folder / "probe_mqar_seeds.png").stat().st_size > 1000
+    panels = drawn["probe_mqar_seeds.png"]  # per length (32, 64), per scheme: the seeds, then the mean
+    points = {round(y, 6) for group in panels for x, y in group}
+    # rope at 64: 30, 70, 100; none at 64: 20, 60, 90 (hits of 200); every one drawn
+    assert {30.0, 70.0, 100.0, 20.0, 60.0, 90.0} <= points
+    seeds = [group for group in panels if len(group) == 3]
+    assert len(seeds) == 4  # two schemes x two lengths, three seeds each
+    (equal,) = [group for group in seeds if {y for x, y in group} == {95.0}]  # rope at 32: 190 of 200 each
+    assert len({x for x, y in equal}) == 3  # equal values spread sideways, none hidden
+
+
+def test_one_seed_draws_no_seed_figure(tmp_path):
+    from posbench import report
+
+    results.merge_rows(tmp_path, "probes", [probe_row("rope", 0, 64, 56, 70), probe_row("none", 0, 64, 48, 80)])
+    md = report.probes_markdown(results.read_probes(tmp_path), tmp_path)
+    assert not any("_seeds" in line for line in md) and not (tmp_path / "probe_mqar_seeds.png").exists()

@@ -721,7 +721,7 @@ def test_sizes_computed_once_give_the_examples_computed_afresh(name):
 
 
 def test_probes_table_over_seeds_reads_folders_as_one(tmp_path):
-    from posbench.tables import table
+    from posbench.tables import holding_cell, table
 
     common = {"scheme": "rope", "params": "", "scaling": "none", "extension": "none", "position_draws": "0",
               "extend_method": "", "probe": "copy"}
@@ -749,8 +749,12 @@ def test_probes_table_over_seeds_reads_folders_as_one(tmp_path):
     assert cells["seeds"] == "3" and cells["learned"] == "2 of 3"
     assert cells["steps to stop"] == "1,000 (400-8,000+)"  # seed 1 spent its 8,000 steps
     at1 = stats.mean_interval([0.97, 0.60, 0.95])
-    assert cells["1x"] == f"{100 * at1.mean:.0f} [{100 * max(at1.lo, 0):.0f}, {100 * min(at1.hi, 1):.0f}]"
-    assert cells["2x"].startswith("30 [")  # (30 + 20 + 40) / 3
+    assert cells["1x mean [95%]"] == f"{100 * at1.mean:.0f} [{100 * max(at1.lo, 0):.0f}, {100 * min(at1.hi, 1):.0f}]"
+    assert cells["2x mean [95%]"].startswith("30 [")  # (30 + 20 + 40) / 3
+    assert cells["2x median (IQR)"] == "30 (25-35)"  # 20, 30, 40: quartiles half-way between
+    # half of 97, 60 and 95 at 1x is 48.5, 30, 47.5: none of 30, 20, 40 keeps it; Wilson [0, 56%]
+    assert cells["2x holding"] == "0 of 3 (0-56%)" and "1x holding" not in cells
+    assert holding_cell({0: .9, 1: .8, 2: .9}, {0: .5, 1: .3, 2: .9}) == "2 of 3 (21-94%)"  # Wilson 2/3
     compact = table("probes", [tmp_path / "a", tmp_path / "b"], seeds=True, compact=True, ratios=[2])
     assert compact.splitlines()[::2] == ["| probe | rope |", "| copy | 30 (2 of 3 learned) |"]
     with pytest.raises(PosbenchError, match="only with seeds or pairs"):  # several folders: seeds or pairs alone

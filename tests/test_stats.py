@@ -78,3 +78,45 @@ def test_paired_difference_over_seeds_uses_the_seed_as_unit():
     assert iv.se == pytest.approx(stats.std([-0.5, 0.0, -0.1]) / math.sqrt(3))
     with pytest.raises(ValueError, match="windows"):
         stats.paired_difference({0: [1.0]}, {0: [1.0, 2.0]})
+
+
+# --- all-or-nothing outcomes over seeds --------------------------------------------------------
+
+def test_wilson_seven_of_ten():
+    # p = 0.7, z = 1.95996: centre (0.7 + z^2/20) / (1 + z^2/10) = 0.64450, half-width
+    # z / (1 + z^2/10) * sqrt(0.021 + z^2/400) = 0.24771
+    assert stats.wilson(7, 10) == pytest.approx((0.3968, 0.8922), abs=1e-4)
+
+
+def test_quartiles_interpolate_between_order_statistics():
+    # numpy.percentile([95, 90, 0], [25, 50, 75]) = 45, 90, 92.5 (type 7)
+    assert stats.quartiles([95, 90, 0]) == pytest.approx((45.0, 90.0, 92.5))
+    assert stats.quartiles([4, 1, 3, 2, math.nan]) == pytest.approx((1.75, 2.5, 3.25))
+    assert stats.quartiles([0.5]) == (0.5, 0.5, 0.5)
+    assert all(math.isnan(v) for v in stats.quartiles([]))
+
+
+def test_holding_counts_seeds_that_keep_half_their_first_accuracy():
+    one = {0: 0.9, 1: 0.8, 2: 0.0, 3: 1.0}
+    two = {0: 0.45, 1: 0.39, 2: 0.3, 3: 0.99, 4: 1.0}  # seed 4 has no 1x: not counted
+    assert stats.holding(one, two) == (2, 4)  # 0.45 >= 0.45 holds; 0.39 < 0.4 does not; 0 at 1x never
+
+
+def test_sign_test_exact():
+    # scipy.stats.binomtest(9, 10, 0.5).pvalue = 0.021484375 = 2 * (1 + 10) / 1024
+    assert stats.sign_test([1] * 9 + [-1]) == (pytest.approx(0.021484375), 9, 1)
+    # a tie dropped: 6 of 7; binomtest(6, 7).pvalue = 2 * (1 + 7) / 128 = 0.125
+    assert stats.sign_test([3, 1, 2, 0, -1, 4, 5, 2]) == (pytest.approx(0.125), 6, 1)
+    assert stats.sign_test([2, 2, 2])[0] == pytest.approx(0.25)  # 2 / 8: three seeds never reach 0.05
+    assert stats.sign_test([0, 0]) == (1.0, 0, 0)
+
+
+def test_paired_permutation_test_exact():
+    # every sign flip of 1, 2, 3: sums 6, 4, 2, 0, 0, -2, -4, -6; |sum| >= 6 twice: 2 / 8
+    assert stats.permutation_test([1, 2, 3]) == pytest.approx(0.25)
+    # scipy.stats.permutation_test((d,), np.mean, permutation_type="samples", n_resamples=inf)
+    # enumerates the same 1024 flips: 16 reach |sum| >= 129, p = 0.015625 (the 0 doubles each)
+    d = [12.0, 30.0, -5.0, 8.0, 0.0, 22.0, 15.0, -2.0, 40.0, 9.0]
+    assert stats.permutation_test(d) == pytest.approx(0.015625)
+    assert stats.permutation_test([0.1, 0.2, -0.3]) == pytest.approx(1.0)  # float ties are ties
+    assert math.isnan(stats.permutation_test([1.0] * 13)) and math.isnan(stats.permutation_test([]))

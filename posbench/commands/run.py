@@ -30,6 +30,9 @@ def run(
     speed: Annotated[bool, typer.Option("--speed/--no-speed", help="time the attention kernels too")] = True,
     seeds: Annotated[Optional[str], typer.Option(help="seeds instead of the task's, e.g. 0,1,2 (same run_ids)")] = None,
     schemes: Schemes = None,
+    workers: Annotated[Optional[str], typer.Option(
+        help="N | auto: the runs on N processes of this machine, each with its share of the cores or GPU memory "
+             "(default: the task's, 1)")] = None,
     plugins: Sequence[str] = (),
     progress: bool = False,
     log=None,
@@ -43,6 +46,7 @@ def run(
     (`done`, with the failed runs' ids in `done["failed"]`), the folder (`out`) and the wall time
     (`seconds`)."""
     from posbench import grid, reporting, trackers
+    from posbench import workers as pool
 
     began = time.perf_counter()
     load_plugins(plugins)
@@ -56,8 +60,8 @@ def run(
         t = config.replace(t, seeds=ints(seeds, "seeds"), schemes=names(schemes))
     part = grid.parse_shard(shard)
     out_dir = Path(out or Path("runs") / t.name)
-    done = grid.run_task(t, out_dir, part, resume, device, progress=progress, speed=speed,
-                         log=log or (lambda m: None))
+    done = pool.run_task(t, out_dir, part, resume, device, progress=progress, speed=speed,
+                         log=log or (lambda m: None), workers=workers)
     reporting.write_report(out_dir, t.eval.effective_tolerance, t.eval.effective_threshold)
     tables = {name: pd.DataFrame(results.read_rows(results.table_path(out_dir, name)))
               for name in results.TABLES if results.table_path(out_dir, name).exists()}
