@@ -69,6 +69,28 @@ INDEXED_TWICE = GOOD.replace('name = "{name}"', 'name = "indexed-twice"').replac
     "return -torch.nn.functional.softplus(self.slope)[h] * (qpos - kpos).clamp(min=0)").replace(
     "{{", "{").replace("}}", "}")
 
+# Reads the window's length: position i's outputs change when tokens are appended after it.
+LENGTH_READER = """
+import torch
+from posbench.schemes import Scheme, register
+
+
+@register
+class LengthReader(Scheme):
+    name = "length-reader"
+    family = "bias"
+    hooks = ("bias",)
+    relative = True
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        self.slope = torch.nn.Parameter(torch.linspace(0.5, 1.0, dims.n_heads))
+
+    def bias_fn(self, h, qpos, kpos):
+        n = kpos.max() - kpos.min() + 1  # the window's length
+        return -self.slope[h] * (qpos - kpos) / n
+"""
+
 
 @pytest.fixture
 def registry():
@@ -226,7 +248,8 @@ def test_check_passes_every_builtin_scheme_and_preset():
         assert not bad, (name, bad)
 
 
-@pytest.mark.parametrize("source, prop", [(PEEKS, "causality"), (FALSE_RELATIVE, "translation"),
+@pytest.mark.parametrize("source, prop", [(PEEKS, "causality"), (LENGTH_READER, "causality"),
+                                          (FALSE_RELATIVE, "translation"),
                                           (NAN_PAST, "past training length"),
                                           (INDEXED_TWICE, "flex backward")])
 def test_check_catches_planted_defects(registry, tmp_path, monkeypatch, capsys, source, prop):
@@ -237,6 +260,20 @@ def test_check_catches_planted_defects(registry, tmp_path, monkeypatch, capsys, 
     out = capsys.readouterr().out
     failed = [line for line in out.splitlines() if line.startswith("fail")]
     assert prop in [line.split("  ")[0].removeprefix("fail ").strip() for line in failed], out
+
+
+def test_causality_grows_the_sequence_on_every_path(registry, tmp_path, monkeypatch, capsys):
+    """Changing one token leaves the earlier outputs of a length reader alone; appending tokens
+    does not, and the finding says so on each path (SDPA's mask and explicit)."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "reader.py", LENGTH_READER)
+    assert main(["check", "length-reader", "--plugin", "reader.py", "--skip", "cost,compiled graph,flex backward"]) == 1
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("fail causality"))
+    assert line.count("were appended to the first 8") == 2 and "sdpa" in line and "explicit" in line, line
+    assert "changed when token 8 did" not in line, line
+    finding = next(f for f in check("length-reader", skip=("cost", "compiled graph", "flex backward"))
+                   if f.prop == "causality")
+    assert finding.status == "fail" and "position 1 changed" in finding.detail, finding
 
 
 def test_check_of_a_good_plugin_passes_with_cost_and_graph(registry, tmp_path, monkeypatch, capsys):
