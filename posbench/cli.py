@@ -209,7 +209,7 @@ def extrapolate(
                                    "(entropy, distance, sink and far mass): attention.csv and plots"),
 ):
     """Evaluate every trained run on the test split at every length; CSVs, a table and plots."""
-    from posbench import api, effective, report, results
+    from posbench import api, effective, evaluate, report, results
 
     out_dir = out or runs_dir
     frame = api.extrapolate(
@@ -231,6 +231,7 @@ def extrapolate(
         written.append(results.table_path(out_dir, "attention"))
         plots += [Path(out_dir) / "attention.png", Path(out_dir) / "attention_layers.png"]
     console.print(f"wrote {', '.join(map(str, written + plots))}")
+    return _failed(evaluate.failed_rows(rows, results.table_path(out_dir, "extrapolation")))
 
 
 @app.command()
@@ -259,6 +260,7 @@ def inspect(
         console.print(f"{row['scheme']:24} {row['kind']:16} {row['path'] or escape(row['caption'])}",
                       soft_wrap=True, highlight=False)
     console.print(f"wrote {frame.attrs['page']}", highlight=False)
+    return _failed(next((r["caption"] for r in frame.attrs["rows"] if r["kind"] == "failed"), None))
 
 
 @app.command()
@@ -399,7 +401,7 @@ def run(
                   f"{results.table_path(out_dir, 'runs')}); the other runs completed", markup=False,
                   highlight=False, soft_wrap=True)
         return 1
-    return 0
+    return _failed(done["failed_rows"])
 
 
 @app.command()
@@ -597,7 +599,7 @@ def probe(
     """Synthetic probes: per-answer accuracy and exact match by prompt length of every run trained
     on a probe's examples; a table per probe, probes.csv and one heatmap per probe. With --model,
     the passkey test of a pretrained model (natural-language filler, greedy decoding)."""
-    from posbench import probing, report, results
+    from posbench import evaluate, probing, report, results
     from posbench.probes import PROBES, parse_probe, probe_name
 
     if list_:
@@ -624,6 +626,14 @@ def probe(
     _note_scalings(rows, _split(rope_scaling) or e.rope_scaling)
     report.write_report(out_dir, e.effective_tolerance, e.effective_threshold)
     console.print(f"wrote {results.table_path(out_dir, 'probes')}, probe_*.png and {Path(out_dir) / 'report.md'}")
+    return _failed(evaluate.failed_rows(rows, results.table_path(out_dir, "probes")))
+
+
+def _failed(line: str | None) -> int:
+    """Exit 1 with one line on stderr when some rows failed (the others were written); 0 otherwise."""
+    if line:
+        err.print(f"error: {line}", markup=False, highlight=False, soft_wrap=True)
+    return 1 if line else 0
 
 
 def _minutes(seconds: float) -> str:
@@ -690,7 +700,7 @@ def main(argv: list[str] | None = None) -> int:
 def _one_line(e: BaseException) -> int:
     """The exit code of `e`, said in one line on stderr."""
     try:
-        raise e
+        raise plugins.as_error(e)
     except Interrupted as e:
         err.print(f"interrupted: {e}", markup=False, highlight=False, soft_wrap=True)
         return 130

@@ -91,6 +91,27 @@ class LengthReader(Scheme):
         return -self.slope[h] * (qpos - kpos) / n
 """
 
+# An absolute table of 64 rows that does not declare where it ends (no position_limit()), nor
+# anything about its extrapolation.
+TABLE = """
+import torch
+from posbench.schemes import Scheme, register
+
+
+@register
+class TablePE(Scheme):
+    name = "tablepe"
+    family = "absolute"
+    hooks = ("input",)
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        self.table = torch.nn.Parameter(0.02 * torch.randn(64, dims.d_model))
+
+    def embed(self, x, idx, pos):
+        return x + self.table[pos]
+"""
+
 
 @pytest.fixture
 def registry():
@@ -320,3 +341,53 @@ def test_the_api_returns_frames_and_refuses_bad_input(registry, tmp_path, corpus
         posbench.train("rpoe")
     with pytest.raises(PosbenchError, match="no such file"):
         posbench.speed(plugins=["missing.py"])
+
+
+def test_a_scheme_that_fails_past_its_table_fails_those_lengths_only(registry, tmp_path, corpus_dir, monkeypatch,
+                                                                     capsys):
+    monkeypatch.chdir(tmp_path)
+    plugin = write(tmp_path / "tablepe.py", TABLE)
+    tiny = ["--train-len", "16", "--steps", "2", "--batch-size", "2", "--d-model", "16", "--layers", "1",
+            "--heads", "2", "--tokenizer", "bytes", "--device", "cpu", "--data", f"files:{corpus_dir}"]
+    for scheme in ("tablepe", "rope"):
+        assert main(["train", "--plugin", "tablepe.py", "--scheme", scheme, *tiny]) == 0
+    capsys.readouterr()
+    assert main(["extrapolate", "--plugin", "tablepe.py", "--lengths", "32,64,128", "--tokens", "256"]) == 1
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "1 row(s) failed (tablepe-" in err and "at 128" in err and "the other rows were written" in err, err
+    rows = results.read_rows(tmp_path / "runs" / "extrapolation.csv")
+    status = {(r["scheme"], r["eval_len"]): r["status"] for r in rows}
+    assert status == {("tablepe", "32"): "ok", ("tablepe", "64"): "ok", ("tablepe", "128"): "failed",
+                      ("rope", "32"): "ok", ("rope", "64"): "ok", ("rope", "128"): "ok"}, status
+    failed = next(r for r in rows if r["status"] == "failed")
+    assert failed["reason"].startswith(f"at 128 positions: plugin {plugin}: line 17: IndexError: ")
+    assert "position_limit()" in failed["reason"] and failed["ppl"] == "" and failed["tokens"] == "0"
+    assert "failed" in out  # the table shows the cell as failed
+    # The positions of the failed length: none, and none asked for.
+    assert {r["eval_len"] for r in results.read_rows(tmp_path / "runs" / "positions.csv")
+            if r["scheme"] == "tablepe"} == {"32", "64"}
+    # A stale plug-in is refused before any other run's rows are evaluated again or rewritten.
+    before = {name: (tmp_path / "runs" / f"{name}.csv").read_bytes() for name in ("extrapolation", "windows")}
+    plugins._loaded.clear()  # a fresh process, with an edited file
+    SCHEMES.pop("tablepe")
+    write(plugin, TABLE + "# edited\n")
+    assert main(["extrapolate", "--plugin", "tablepe.py", "--lengths", "32,64,128", "--tokens", "256"]) == 2
+    err = capsys.readouterr().err
+    assert "needs plugin" in err and "that version of the file" in err, err
+    assert {name: (tmp_path / "runs" / f"{name}.csv").read_bytes() for name in before} == before
+
+
+def test_a_plugin_that_declares_nothing_is_unknown_and_check_says_what_it_found(registry, tmp_path, monkeypatch,
+                                                                                capsys):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "tablepe.py", TABLE)
+    assert main(["schemes", "--format", "json", "--plugin", "tablepe.py"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["tablepe"]["extrapolates"] == "unknown"
+    assert rows["rope"]["extrapolates"] == "yes" and rows["sinusoidal"]["extrapolates"] == "no"
+    found = {f.prop: f for f in check("tablepe", skip=("cost", "compiled graph", "flex backward"))}
+    past = found["past training length"]
+    assert past.status == "fail" and past.detail.startswith("tablepe declares no `extrapolates` (listed as unknown)")
+    assert "fails at 256 positions" in past.detail and "line 17: IndexError" in past.detail
+    assert "position_limit()" in past.detail
