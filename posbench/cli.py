@@ -27,6 +27,8 @@ USAGE_ERRORS = tuple({click.ClickException, getattr(typer, "TyperException", cli
 ABORTS = tuple({click.exceptions.Abort, typer.Abort})
 
 INTERRUPTED = "stopped before the command finished; what it had written is kept"
+COMMON_OPTIONS = ("Every command also takes --plugin FILE_OR_MODULE (repeatable: schemes and probes of your own) "
+                  "and --debug (a traceback instead of one line; or POSBENCH_DEBUG=1).")
 
 
 class Commands(typer.core.TyperGroup):
@@ -39,6 +41,12 @@ class Commands(typer.core.TyperGroup):
         except KeyboardInterrupt:
             raise Interrupted(INTERRUPTED) from None
 
+    def get_command(self, ctx, name):  # every command's --help names the options the pre-parser takes
+        command = super().get_command(ctx, name)
+        if command is not None and not command.epilog:
+            command.epilog = COMMON_OPTIONS
+        return command
+
 
 app = typer.Typer(
     cls=Commands,
@@ -46,9 +54,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="Train tiny language models that differ only in their positional encoding; measure "
-    "how each extrapolates past its training length and what its attention costs.\n\n"
-    "Every command also takes --plugin FILE_OR_MODULE (repeatable: schemes and probes of your own) "
-    "and --debug (a traceback instead of one line; or POSBENCH_DEBUG=1).",
+    "how each extrapolates past its training length and what its attention costs.\n\n" + COMMON_OPTIONS,
 )
 ROPE_SCALING_HELP = f"comma-separated: {','.join(SCALINGS)}"
 MODEL_HELP = ("hf:FOLDER | gguf:FILE: a pretrained RoPE model, read from local files only, in place of "

@@ -126,8 +126,11 @@ def paired_probes(directory: Path | str, a: str, b: str, probe: str | None = Non
       intervals of each (evaluation noise only: it holds for these two models, not the schemes).
 
     Positive differences favour A."""
+    from posbench.probes import PROBES
     from posbench.report import label
 
+    if probe is not None and probe not in PROBES:  # a misspelt name: the nearest probe
+        raise did_you_mean(probe, [*PROBES, "all"], "probe")
     path = results.table_path(directory, "probes")
     rows = [r for r in results.read_probes(directory)
             if r["status"] == "ok" and r["accuracy"] != "" and (task is None or r["task"] == task)

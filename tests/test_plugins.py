@@ -232,6 +232,8 @@ def test_an_installed_distribution_is_found_without_a_flag(tmp_path):
     (GOOD.format(name="my-pe").replace('hooks = ("bias",)', 'hooks = ("bias", "magic")'), "unknown hook(s) magic"),
     (GOOD.format(name="my-pe").replace('defaults = {"scale": 0.5}', 'defaults = {"scale": [0.5]}'),
      "parameter scale has a default of type list"),
+    ("import sys\n\nsys.exit(3)\n", "line 3: calls sys.exit(3) at import"),
+    ("import sys\n\nsys.exit()\n", "line 3: calls sys.exit() at import"),
 ])
 def test_bad_plugins_are_one_line_and_write_nothing(registry, tmp_path, monkeypatch, capsys, text, message):
     monkeypatch.chdir(tmp_path)
@@ -243,6 +245,44 @@ def test_bad_plugins_are_one_line_and_write_nothing(registry, tmp_path, monkeypa
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "plugin bad.py" in err
     assert set(SCHEMES) == before and not (tmp_path / "runs").exists()
+
+
+INIT_RAISES = GOOD.replace("        super().__init__(dims)\n",
+                           "        super().__init__(dims)\n        raise ValueError('no table for ' + str(dims.d_model))\n")
+
+
+@pytest.mark.parametrize("command", [
+    ["train", "--scheme", "init-raises", "--steps", "2"],
+    ["check", "init-raises"],
+    ["inspect", "init-raises", "--out", "pictures"],
+    ["speed", "--schemes", "init-raises", "--lengths", "32", "--out", "sp"],
+])
+def test_a_plugin_whose_init_raises_is_one_line(registry, tmp_path, monkeypatch, capsys, command):
+    monkeypatch.chdir(tmp_path)
+    plugin = write(tmp_path / "bad.py", INIT_RAISES.format(name="init-raises"))
+    rc = main([*command, "--plugin", "bad.py"])
+    err = capsys.readouterr().err
+    if command[0] == "speed":  # speed records a scheme it cannot build as a row, and goes on
+        assert rc == 0 and "Traceback" not in err
+        rows = [r for r in results.read_rows(tmp_path / "sp" / "speed.csv") if r["scheme"] == "init-raises"]
+        assert rows and all(r["status"] != "ok" and "no table for" in r["reason"] for r in rows), rows
+        return
+    assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"plugin {plugin}: line 18: ValueError: no table for " in err, err
+    assert not list(tmp_path.glob("runs/*")) and not (tmp_path / "pictures").exists()  # no run folder, no picture
+
+
+def test_a_plugin_that_fails_while_drawn_is_one_line(registry, tmp_path, monkeypatch, capsys):
+    """Past its 64 rows the table plug-in raises inside its own hook: without a run, `inspect`
+    draws to 16x the training length and stops there, naming the plug-in's line."""
+    monkeypatch.chdir(tmp_path)
+    plugin = write(tmp_path / "tablepe.py", TABLE)
+    assert main(["inspect", "tablepe", "--plugin", "tablepe.py", "--train-len", "16", "--out", "pictures"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"plugin {plugin}: line 17: IndexError" in err, err
+    assert main(["inspect", "tablepe", "--plugin", "tablepe.py", "--train-len", "16", "--lengths", "64",
+                 "--out", "pictures"]) == 0
 
 
 def test_two_plugins_with_one_name_clash(registry, tmp_path, monkeypatch, capsys):
@@ -364,6 +404,7 @@ def test_a_scheme_that_fails_past_its_table_fails_those_lengths_only(registry, t
     assert failed["reason"].startswith(f"at 128 positions: plugin {plugin}: line 17: IndexError: ")
     assert "position_limit()" in failed["reason"] and failed["ppl"] == "" and failed["tokens"] == "0"
     assert "failed" in out  # the table shows the cell as failed
+    assert "* the lowest (best) mean perplexity at that length" in out  # what the star means
     # The positions of the failed length: none, and none asked for.
     assert {r["eval_len"] for r in results.read_rows(tmp_path / "runs" / "positions.csv")
             if r["scheme"] == "tablepe"} == {"32", "64"}
