@@ -89,7 +89,8 @@ A test fails while this page differs from what the registry generates. Learned p
 counted on the quick task's model (d = 128, 4 layers, 4 heads, vocabulary 2048, trained at 64).
 `extrapolates`: `yes`, defined at every position and not known to break past the training length;
 `no`, defined but known to break (as sinusoids do); `extension`, needs an eval-time policy past its
-table; `unknown`, a plug-in that declares nothing (`posbench check` says what it found). Notation of the formulas: query i (or m), key j (or n) <= i, head dimension D, H heads, model
+table; `unknown`, a plug-in that declares nothing (`posbench check` says what it found). Notation
+of the formulas: query i (or m), key j (or n) <= i, head dimension D, H heads, model
 width d, L the training length, s_ij the pre-softmax logit. How each hook enters the model:
 [model.md](model.md); spans and temperatures of the layouts: [layouts.md](layouts.md); the choices
 behind each scheme, beside its measurements: [choices.md](choices.md).

@@ -432,3 +432,32 @@ def test_a_plugin_that_declares_nothing_is_unknown_and_check_says_what_it_found(
     assert past.status == "fail" and past.detail.startswith("tablepe declares no `extrapolates` (listed as unknown)")
     assert "fails at 256 positions" in past.detail and "line 17: IndexError" in past.detail
     assert "position_limit()" in past.detail
+
+
+def test_probe_and_run_record_the_failed_lengths_and_go_on(registry, tmp_path, corpus_dir, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    plugin = write(tmp_path / "tablepe.py", TABLE)
+    assert main(["train", "--plugin", "tablepe.py", "--scheme", "tablepe", "--data", "copy", "--train-len", "16",
+                 "--steps", "2", "--batch-size", "2", "--d-model", "16", "--layers", "1", "--heads", "2",
+                 "--runs-dir", "probe-runs"]) == 0
+    capsys.readouterr()
+    assert main(["probe", "--plugin", "tablepe.py", "--probe", "copy", "--runs-dir", "probe-runs",
+                 "--lengths", "16,128", "--trials", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and "at 128" in err, err
+    rows = results.read_rows(tmp_path / "probe-runs" / "probes.csv")
+    assert {r["eval_len"] for r in rows if r["status"] == "failed"} == {"128"}
+    assert {r["eval_len"] for r in rows if r["status"] != "failed"} == {"16"}
+    assert all(f"plugin {plugin}: line 17: IndexError" in r["reason"] for r in rows if r["status"] == "failed")
+    # A grid of the plug-in beside a built-in: both trained, every length written, exit 1 naming the row.
+    task = tmp_path / "grid.toml"
+    task.write_text('plugins = ["tablepe.py"]\nschemes = ["tablepe", "alibi"]\n'
+                    + TINY_TASK.format(corpus=corpus_dir).replace("lengths = [16, 32]", "lengths = [16, 128]"))
+    assert main(["run", str(task), "--out", "grid", "--no-speed"]) == 1
+    err = capsys.readouterr().err  # with the corpus loader's progress lines
+    assert "Traceback" not in err and len([x for x in err.splitlines() if x.startswith("error:")]) == 1, err
+    assert "1 row(s) failed (tablepe-" in err and "at 128" in err, err
+    status = {(r["scheme"], r["eval_len"]): r["status"] for r in results.read_rows(tmp_path / "grid" / "extrapolation.csv")}
+    assert status == {("tablepe", "16"): "ok", ("tablepe", "128"): "failed", ("alibi", "16"): "ok",
+                      ("alibi", "128"): "ok"}, status
+    assert (tmp_path / "grid" / "report.md").exists()
