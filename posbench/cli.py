@@ -266,7 +266,7 @@ def inspect(
         console.print(f"{row['scheme']:24} {row['kind']:16} {row['path'] or escape(row['caption'])}",
                       soft_wrap=True, highlight=False)
     console.print(f"wrote {frame.attrs['page']}", highlight=False)
-    return _failed(next((r["caption"] for r in frame.attrs["rows"] if r["kind"] == "failed"), None))
+    return _failed("; ".join(r["caption"] for r in frame.attrs["rows"] if r["kind"] == "failed") or None)
 
 
 @app.command()

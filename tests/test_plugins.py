@@ -408,6 +408,13 @@ def test_a_scheme_that_fails_past_its_table_fails_those_lengths_only(registry, t
     # The positions of the failed length: none, and none asked for.
     assert {r["eval_len"] for r in results.read_rows(tmp_path / "runs" / "positions.csv")
             if r["scheme"] == "tablepe"} == {"32", "64"}
+    # inspect --run: the pictures past the table and the measures at 128 fail, the rest is written.
+    run_id = failed["run_id"]
+    assert main(["inspect", "--run", run_id, "--plugin", "tablepe.py", "--lengths", "32,128", "--out", "ins"]) == 1
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and f"{run_id} at 128" in err, err
+    measured = {r["eval_len"] for r in results.read_rows(tmp_path / "ins" / "attention.csv")}
+    assert measured == {"32"} and "not drawn, it failed at 128 positions" in (tmp_path / "ins" / "inspect.md").read_text()
     # A stale plug-in is refused before any other run's rows are evaluated again or rewritten.
     before = {name: (tmp_path / "runs" / f"{name}.csv").read_bytes() for name in ("extrapolation", "windows")}
     plugins._loaded.clear()  # a fresh process, with an edited file
