@@ -468,3 +468,10 @@ def test_probe_and_run_record_the_failed_lengths_and_go_on(registry, tmp_path, c
     assert status == {("tablepe", "16"): "ok", ("tablepe", "128"): "failed", ("alibi", "16"): "ok",
                       ("alibi", "128"): "ok"}, status
     assert (tmp_path / "grid" / "report.md").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "extrapolate", "check"])
+def test_every_commands_help_names_plugin(command, capsys):
+    assert main([command, "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--plugin FILE_OR_MODULE" in out and "--debug" in out, out
