@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from posbench import layout, plugins
-from posbench.schemes import SCHEMES, Dims, get_scheme
+from posbench.schemes import SCHEMES, Dims, Scheme, get_scheme
 from posbench.temperature import FORMULAS
 
 REFERENCE_DIMS = Dims(d_model=128, n_heads=4, n_layers=4, vocab_size=2048, train_len=64, max_position=64)
@@ -23,7 +23,7 @@ def catalogue() -> list[dict[str, str]]:
             "family": cls.family,
             "hooks": "+".join(cls.hooks) or "-",
             "learned_params": _count(scheme),
-            "extrapolates": cls.extrapolates,
+            "extrapolates": extrapolates(cls),
             "parameters": scheme.describe() or "-",
             "reference": cls.reference,
             "notes": cls.notes,
@@ -46,6 +46,16 @@ def catalogue() -> list[dict[str, str]]:
             "source": "built-in",
         })
     return rows
+
+
+def extrapolates(cls) -> str:
+    """What a scheme declares about its extrapolation: its `extrapolates`; `unknown` for a
+    plug-in's class that sets it nowhere (the base class's `yes` is no claim of the plug-in's).
+    A built-in keeps what it declares, the base class's default included."""
+    if plugins.source_of(cls) is None:
+        return cls.extrapolates
+    own = [k for k in cls.__mro__ if "extrapolates" in k.__dict__ and k is not Scheme]
+    return cls.extrapolates if own else "unknown"
 
 
 def _layout_formula(pattern) -> str:
@@ -79,7 +89,8 @@ A test fails while this page differs from what the registry generates. Learned p
 counted on the quick task's model (d = 128, 4 layers, 4 heads, vocabulary 2048, trained at 64).
 `extrapolates`: `yes`, defined at every position and not known to break past the training length;
 `no`, defined but known to break (as sinusoids do); `extension`, needs an eval-time policy past its
-table. Notation of the formulas: query i (or m), key j (or n) <= i, head dimension D, H heads, model
+table; `unknown`, a plug-in that declares nothing (`posbench check` says what it found). Notation
+of the formulas: query i (or m), key j (or n) <= i, head dimension D, H heads, model
 width d, L the training length, s_ij the pre-softmax logit. How each hook enters the model:
 [model.md](model.md); spans and temperatures of the layouts: [layouts.md](layouts.md); the choices
 behind each scheme, beside its measurements: [choices.md](choices.md).

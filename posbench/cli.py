@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 def _one_line(e: BaseException) -> int:
     """The exit code of `e`, said in one line on stderr."""
     try:
-        raise e
+        raise plugins.as_error(e)
     except Interrupted as e:
         err.print(f"interrupted: {e}", markup=False, highlight=False, soft_wrap=True)
         return 130

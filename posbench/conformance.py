@@ -3,8 +3,9 @@
 Each property builds a small model with the scheme (2 layers, d_model 32, 2 heads of 16: the
 smallest FlexAttention takes) at training length 16 and answers pass, warn or fail:
 
-- causality: outputs before position t do not change when token t does, on every attention path
-  the scheme can take on this device;
+- causality: outputs before position t do not change when token t does, nor when tokens are
+  appended after a prefix of t (a dependence on the window's length fails too), on every
+  attention path the scheme can take on this device;
 - translation: with `relative = True`, shifting every position by a constant leaves the outputs
   unchanged; without it, a warn when they are unchanged all the same;
 - past the training length: finite outputs at 16x, or the scheme's own PositionLimitError;
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import statistics
 import time
 import warnings
@@ -32,7 +34,7 @@ from typing import Any, Callable
 import torch
 from safetensors.torch import load, save
 
-from posbench import attention, layout
+from posbench import attention, catalogue, layout
 from posbench.errors import PosbenchError, first_line
 from posbench.model import ModelConfig, Transformer
 from posbench.schemes import Dims, PositionLimitError
@@ -84,7 +86,19 @@ def _tokens(n: int = 2, t: int = T, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, VOCAB, (n, t), generator=torch.Generator().manual_seed(seed))
 
 
+def _first_apart(a: torch.Tensor, b: torch.Tensor) -> int | None:
+    """The first position (dim 1) where two outputs (B, T, d) differ beyond float noise; a
+    non-finite output differs from everything. None when they agree."""
+    apart = ~torch.isclose(a, b, atol=ATOL, rtol=0)
+    found = apart.any(dim=(0, 2)).nonzero()
+    return int(found[0]) if len(found) else None
+
+
 def causality(name, params) -> Finding:
+    """Two ways the future can reach position i < t: changing token t must leave outputs before t
+    as they were, and so must appending tokens t..T-1 to the prefix x[:t] (the outputs of the
+    prefix alone equal the first t outputs of the whole window), which catches a dependence on the
+    window's length as well as on any later token."""
     model = build(name, params)
     x = _tokens()
     t = T // 2
@@ -94,12 +108,22 @@ def causality(name, params) -> Finding:
     for label, backend in paths(model):
         with torch.no_grad():
             a, b = _forced(model, backend)(x), model(y)
-        if not torch.allclose(a[:, :t], b[:, :t], atol=ATOL):
-            first = int((a[:, :t] - b[:, :t]).abs().amax(dim=(0, 2)).gt(ATOL).nonzero()[0])
-            leaks.append(f"{label}: position {first} changed when token {t} did")
+            prefix = model(x[:, :t])
+        if not torch.isfinite(a).all():
+            first = int((~torch.isfinite(a)).any(dim=(0, 2)).nonzero()[0])
+            leaks.append(f"{label}: non-finite outputs from position {first}, so nothing can be compared")
+            continue
+        changed = _first_apart(a[:, :t], b[:, :t])
+        if changed is not None:
+            leaks.append(f"{label}: position {changed} changed when token {t} did")
+        grown = _first_apart(a[:, :t], prefix)
+        if grown is not None:
+            leaks.append(f"{label}: position {grown} changed when tokens {t}..{T - 1} were appended to the first {t} "
+                         "(the outputs read the window's length or a later token)")
     if leaks:
         return Finding("causality", "fail", "; ".join(leaks))
-    return Finding("causality", "pass", f"paths {', '.join(label for label, _ in paths(model))}")
+    return Finding("causality", "pass", f"paths {', '.join(label for label, _ in paths(model))}; "
+                                        f"a prefix of {t} gives the window's first {t} outputs")
 
 
 def translation(name, params) -> Finding:
@@ -123,6 +147,19 @@ def translation(name, params) -> Finding:
 
 
 def past_training_length(name, params) -> Finding:
+    found = _past_training_length(name, params)
+    undeclared = sorted(s.name for s in build(name, params).layout.schemes
+                        if catalogue.extrapolates(type(s)) == "unknown")
+    if not undeclared:
+        return found
+    said = (f"{', '.join(undeclared)} declare{'s' if len(undeclared) == 1 else ''} no `extrapolates` (listed as "
+            "unknown); found: ")
+    return dataclasses.replace(found, detail=said + found.detail)
+
+
+def _past_training_length(name, params) -> Finding:
+    from posbench.evaluate import failure
+
     model = build(name, params)
     n = EXTRAPOLATION * T
     limit = model.layout.position_limit()
@@ -133,6 +170,11 @@ def past_training_length(name, params) -> Finding:
         if limit is not None and limit < n:
             return Finding("past training length", "pass", f"refuses past its limit of {limit}: {e}")
         return Finding("past training length", "fail", f"PositionLimitError below its declared limit {limit}: {e}")
+    except Exception as e:
+        reason = failure(e, n)
+        if reason is None:
+            raise
+        return Finding("past training length", "fail", f"fails {reason}")
     if limit is not None and limit < n:
         return Finding("past training length", "fail", f"declares a limit of {limit} but ran at {n} positions")
     bad = ~torch.isfinite(out)

@@ -8,7 +8,9 @@
   length, so every length scores the same tokens.
 
 Per-position loss (mean loss by index inside the window) goes to positions.csv. A scheme that
-cannot run at a length yields a row with status `unsupported` and the reason.
+cannot run at a length yields a row with status `unsupported` and the reason; one whose code fails
+there (an index past an undeclared table, a plug-in's exception) a row with status `failed` and
+the error's first line (naming the plug-in's file and line), and the other lengths and runs go on.
 
 A randomized run's windows read sorted position draws from [0, randomize_max), as in training
 (`posbench.positions.evaluation_positions`): every length is scored `position_draws` times, once
@@ -43,7 +45,8 @@ from posbench.attention import observe
 from posbench.attention_measures import Recorder
 from posbench.config import EvalConfig
 from posbench.data import TokenData, load_tokens
-from posbench.errors import PosbenchError
+from posbench import plugins
+from posbench.errors import PosbenchError, first_line, out_of_memory
 from posbench.extension import columns as extension_columns
 from posbench.layout import run_prefix, takes_rope_scaling
 from posbench.positions import evaluation_draws, evaluation_positions
@@ -51,7 +54,7 @@ from posbench.probes import PROBES, probe_name
 from posbench.schemes import SCHEMES, PositionLimitError
 from posbench.schemes.rotary import RopeScaling
 from posbench.device import autocast, resolve_device
-from posbench.runs import FINAL, RunSpec, load_trained
+from posbench.runs import FINAL, RunSpec, load_spec, load_trained
 
 ATTN_BYTES = 512 * 2**20  # cap on one batch's attention scores (B * H * L * L floats)
 
@@ -246,6 +249,12 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
             except PositionLimitError as e:
                 rows.append({**row, "status": "unsupported", "reason": str(e), "tokens": 0})
                 continue
+            except Exception as e:
+                reason = failure(e, length)
+                if reason is None:
+                    raise
+                rows.append({**row, "status": "failed", "reason": reason, "tokens": 0})
+                continue
             # Every draw scores the same tokens: means over draws, per window index and per window.
             total, count, window_loss = total / draws, count / draws, window_loss / draws
             loss = float(total.sum() / count.sum())
@@ -258,6 +267,39 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
             if recorder is not None:
                 attention += [{**row, **r, "backend": "explicit"} for r in recorder.rows()]
     return rows, positions, per_window
+
+
+def failure(e: Exception, length: int) -> str | None:
+    """What a row says when scoring at `length` raised `e`: the error's first line, led by the
+    plug-in file and line it arose at, and for an index out of range the hint that a finite table
+    declares its limit. None for an error that is not the scheme's (bad input, out of memory),
+    which stops the command as before."""
+    if out_of_memory(e) or (isinstance(e, PosbenchError) and plugins.blame(e) is None):
+        return None
+    said = plugins.blame(e) or f"{type(e).__name__}: {first_line(e)}"
+    return f"at {length} positions: {said}{limit_hint(e)}"
+
+
+def limit_hint(e: BaseException) -> str:
+    """For an index out of range (a table read past its last row): how a scheme says where its
+    table ends, so that evaluation records those lengths as beyond it."""
+    text = str(e)
+    if isinstance(e, IndexError) or "out of range" in text or "out of bounds" in text:
+        return ("; a scheme with a finite table declares it with position_limit() and raises "
+                "PositionLimitError past it (posbench/docs/plugins.md)")
+    return ""
+
+
+def failed_rows(rows: list[dict], table: Path) -> str | None:
+    """One line on the rows of `rows` whose status is `failed` (None when none is): how many, the
+    first one's run, length and reason, and where they are recorded."""
+    failed = [r for r in rows if r.get("status") == "failed"]
+    if not failed:
+        return None
+    where = sorted({f"{r['run_id']} at {r['eval_len']}" for r in failed})
+    first = failed[0]
+    return (f"{len(failed)} row(s) failed ({', '.join(where[:6])}{', ...' if len(where) > 6 else ''}), recorded as "
+            f"failed in {table}; the other rows were written. {first['run_id']}: {first.get('reason') or 'non-finite loss'}")
 
 
 def record_attention(model, stream: torch.Tensor, length: int, cfg: EvalConfig, device, dtype: str,
@@ -312,11 +354,12 @@ def position_rows(row: dict, total: torch.Tensor, count: torch.Tensor, buckets: 
 
 def position_keys(rows: list[dict[str, str]], cfg: EvalConfig) -> set[tuple[str, ...]]:
     """The positions.csv keys that go with these extrapolation.csv rows: one per bucket that holds
-    a scored position (a sliding window scores its last `stride`); none for an unsupported length."""
+    a scored position (a sliding window scores its last `stride`); none for an unsupported length
+    or one that failed before scoring."""
     keys = set()
     for r in rows:
-        if r["status"] == "unsupported":
-            continue
+        if r["status"] == "unsupported" or (r["status"] == "failed" and r["tokens"] in ("0", "")):
+            continue  # nothing scored: no positions
         length = int(r["eval_len"])
         first = length - int(r["stride"]) if r["mode"] == "sliding" else 0
         edges = bucket_edges(length, cfg.position_buckets)
@@ -339,6 +382,8 @@ def extrapolate(runs_dir: Path | str, cfg: EvalConfig, schemes: list[str] | None
         named = f" of schemes {', '.join(schemes)}" if schemes else ""
         probes = f" ({found} trained on probes: score them with `posbench probe`)" if found else ""
         raise PosbenchError(f"no trained runs{named} on text in {runs_dir}{probes}; run `posbench train` first")
+    for run_dir in runs:  # every run's plug-ins and config before any run is evaluated or a row rewritten
+        load_spec(run_dir)
     out = Path(out or runs_dir)
     tables = ("windows", "extrapolation", "positions") + (("attention",) if attention else ())
     for table in tables:  # a damaged table fails before any is written

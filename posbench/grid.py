@@ -108,7 +108,9 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
     """Run (this shard of) the grid into `out` (of the shard, only the runs named in `only`, when
     given). Returns counts of what was done and skipped, and the run_ids whose training failed (NaN
     loss, a kernel refused): those are recorded as failed in runs.csv and left out of evaluation,
-    and the grid goes on with the others."""
+    and the grid goes on with the others; `failed_rows`, one line on the evaluation rows of this
+    call whose scheme failed at their length (None when none did), which are recorded with status
+    `failed` while the other lengths and runs go on."""
     from rich.progress import Progress
 
     from posbench import evaluate
@@ -124,7 +126,8 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
         specs = [s for s in specs if s.run_id in only]
     out.mkdir(parents=True, exist_ok=True)
     done = {"trained": 0, "skipped_train": 0, "evaluated": 0, "skipped_eval": 0, "probes": 0,
-            "skipped_probes": 0, "speed": 0, "failed": []}
+            "skipped_probes": 0, "speed": 0, "failed": [], "failed_rows": None}
+    failed_rows: dict[str, list[dict]] = {"extrapolation": [], "probes": []}
     cache: dict = {}
     with Progress(disable=not progress) as bar:
         overall = bar.add_task(f"{task.name} {shard[0]}/{shard[1]}", total=2 * len(specs))
@@ -162,9 +165,12 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
                 results.merge_rows(out, "windows", per_window)
                 results.merge_rows(out, "extrapolation", rows)
                 results.merge_rows(out, "positions", positions)
+                failed_rows["extrapolation"] += [r for r in rows if r["status"] == "failed"]
                 done["evaluated"] += 1
             bar.advance(overall)
-        run_probes(task, out, specs, device, done, log)
+        failed_rows["probes"] = run_probes(task, out, specs, device, done, log)
+    lines = [evaluate.failed_rows(rows, results.table_path(out, table)) for table, rows in failed_rows.items()]
+    done["failed_rows"] = "; ".join(line for line in lines if line) or None
     if speed and shard[0] == 1:
         done["speed"] = run_speed_once(task, out, device, log)
     write_provenance(task, out, shard, resolve_device(device).type)
@@ -188,11 +194,12 @@ def run_extend(task: Task, out: Path, specs: list[RunSpec], device: str, resume:
     return [c for c in children if c.run_id not in failed]
 
 
-def run_probes(task: Task, out: Path, specs: list[RunSpec], device: str, done: dict, log) -> None:
+def run_probes(task: Task, out: Path, specs: list[RunSpec], device: str, done: dict, log) -> list[dict]:
     """Probe scores of every run of the shard trained on a probe of the task, skipping runs whose
-    rows exist."""
+    rows exist; returns the rows scored here that failed."""
     from posbench import probing
 
+    failed = []
     for spec in specs:
         if spec.data.spec not in task.probes.names:
             continue
@@ -205,7 +212,9 @@ def run_probes(task: Task, out: Path, specs: list[RunSpec], device: str, done: d
         with on_interrupt(probing.scoring_kept(run_dir, done["probes"] + done["skipped_probes"], out)):
             rows = probing.evaluate_run(run_dir, task.probes, task.eval, device, task.name)
         results.merge_rows(out, "probes", rows)
+        failed += [r for r in rows if r["status"] == "failed"]
         done["probes"] += 1
+    return failed
 
 
 def run_speed_once(task: Task, out: Path, device: str, log) -> int:

@@ -34,6 +34,7 @@ SAMPLES = 64  # random unit vectors averaged for the logit against distance
 MATRIX_FACTOR = 4  # the (T, T) bias matrix is drawn to 4L: the far corner of 16L is all one colour
 TABLE_HOOKS = {"input"}  # a vector per position (a mixer has none)
 LOGIT_HOOKS = {"qk", "logits"}
+FAILED = "failed"  # the kind of a row saying what failed (a picture not drawn, lengths not measured)
 
 
 @dataclass
@@ -423,8 +424,16 @@ def inspect_run(run_dir: Path, n: int, out: Path, device: str = "cpu") -> list[P
             continue  # nothing learned: it draws as it does without a run
         scheme.cpu()
         name = spec.run_id if len(model.layout.schemes) == 1 else f"{spec.run_id}-{scheme.name}"
-        drawn += [dataclasses.replace(p, caption=f"trained {p.caption}")
-                  for p in pictures(scheme, n, train_len, name=name)]
+        try:
+            drawn += [dataclasses.replace(p, caption=f"trained {p.caption}")
+                      for p in pictures(scheme, n, train_len, name=name)]
+        except Exception as e:  # the scheme fails to n positions: said, and the run's measures go on
+            from posbench.evaluate import failure
+
+            reason = failure(e, n)
+            if reason is None:
+                raise
+            drawn.append(Picture(name, FAILED, f"{name}: not drawn, it failed {reason}"))
         scheme.to(device)
         if "gate" in scheme.hooks:
             tokens = load_tokens(spec.data).test[: min(n, MATRIX_FACTOR * train_len)].to(device)
@@ -451,8 +460,11 @@ def inspect_runs(runs: list[Path], task, lengths: tuple[int, ...] | None, out: P
         measured = lengths or tuple(train_len * 2**k for k in range(5))
         drawn += inspect_run(run_dir, max(measured), out, dev)
         cfg = config.replace(task.eval, lengths=measured)
-        evaluate.extrapolate(run_dir.parent, cfg, out=out, device=str(dev), progress=progress, runs=[run_dir],
-                             attention=True)
+        rows = evaluate.extrapolate(run_dir.parent, cfg, out=out, device=str(dev), progress=progress, runs=[run_dir],
+                                    attention=True)
+        failed = evaluate.failed_rows(rows, results.table_path(out, "extrapolation"))
+        if failed:
+            drawn.append(Picture(spec.run_id, FAILED, f"{spec.run_id}: {failed}"))
     rows = results.read_rows(results.table_path(out, "attention"))
     extrapolation = results.read_rows(results.table_path(out, "extrapolation"))
     for name, draw in (("attention", lambda p: attention_measures.plot(rows, p, extrapolation)),

@@ -129,8 +129,11 @@ def paired_probes(directory: Path | str, a: str, b: str, probe: str | None = Non
     often keeps a probe or loses it): the exact two-sided sign test (`sign_p`; `for_a`, `for_b`:
     seeds on either side) and, with at most stats.PERMUTATION_MAX seeds, the exact paired
     permutation test (`perm_p`); NaN with one seed. Positive differences favour A."""
+    from posbench.probes import PROBES
     from posbench.reporting import label
 
+    if probe is not None and probe not in PROBES:  # a misspelt name: the nearest probe
+        raise did_you_mean(probe, [*PROBES, "all"], "probe")
     path = results.table_path(directory, "probes")
     rows = [r for r in results.read_probes(directory)
             if r["status"] == "ok" and r["accuracy"] != "" and (task is None or r["task"] == task)

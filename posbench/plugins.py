@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from posbench.errors import PosbenchError
+from posbench.errors import PosbenchError, first_line
 
 GROUP = "posbench.plugins"
 
@@ -153,9 +153,13 @@ def _importing(source: Source, given: str) -> Iterator[None]:
     mark = len(_undo)
     try:
         yield
-    except (KeyboardInterrupt, SystemExit):
+    except KeyboardInterrupt:
         _take_back(mark)
         raise
+    except SystemExit as e:  # a plug-in that ends the process at import: said, not obeyed
+        _take_back(mark)
+        raise PosbenchError(f"plugin {given}: {_where(e, source.path)}calls sys.exit({_exit_code(e)}) at import; "
+                            "a plug-in only defines and registers its classes") from None
     except BaseException as e:
         _take_back(mark)
         raise PosbenchError(f"plugin {given}: {_where(e, source.path)}{_last_line(e)}") from e
@@ -177,10 +181,42 @@ def _where(e: BaseException, path: str) -> str:
     return f"line {lines[-1]}: " if lines else ""
 
 
+def _exit_code(e: SystemExit) -> str:
+    return "" if e.code is None else repr(e.code)
+
+
 def _last_line(e: BaseException) -> str:
     if isinstance(e, PosbenchError):
         return str(e)
     return traceback.format_exception_only(type(e), e)[-1].strip()
+
+
+def blame(e: BaseException) -> str | None:
+    """When a loaded plug-in's own code raised `e` (a frame of its file on the traceback, or on
+    the traceback of the error it arose from): 'plugin FILE: line N: Type: first line of the
+    message', naming the plug-in's last line on the way. None for an error of posbench's own."""
+    files = {s.path for s in _loaded.values()}
+    seen: set[int] = set()
+    cause: BaseException | None = e
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        frames = [f for f in traceback.extract_tb(cause.__traceback__) if str(Path(f.filename).resolve()) in files]
+        if frames:
+            what = (f"calls sys.exit({_exit_code(e)})" if isinstance(e, SystemExit)
+                    else f"{type(e).__name__}: {first_line(e)}")
+            return f"plugin {frames[-1].filename}: line {frames[-1].lineno}: {what}"
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def as_error(e: BaseException) -> BaseException:
+    """An exception raised by a plug-in's code (anywhere: its __init__, a hook at evaluation, a
+    range test, sys.exit) as the one-line PosbenchError that names the file and line; any other
+    exception as it is (a Ctrl-C stays a Ctrl-C)."""
+    if isinstance(e, (PosbenchError, KeyboardInterrupt)):
+        return e
+    line = blame(e)
+    return PosbenchError(line) if line else e
 
 
 _command_line: list[str] = []  # the --plugin values of this process's command, resolved

@@ -11,6 +11,10 @@ spells it. Two verdicts per cell, each with its Wilson interval over its own cou
 Zoology's per-query accuracy and RULER's string_match_all), and `exact_match` = prompts with every
 answer right / prompts. `chance` is the probe's declared chance level per answer.
 
+A length at which the scheme's code fails (an index past an undeclared table, a plug-in's
+exception) gives rows with status `failed` and the error's first line; the other lengths and runs
+are scored.
+
 Learned in length, or not: a run (per eval-time variant) whose accuracy at its training length,
 pooled over the probe's variants, is below `learned_threshold` did not learn the probe; every row of
 it says `not learned` in `status` and keeps its numbers, and no extrapolation reading is drawn from
@@ -33,7 +37,7 @@ from posbench.config import EvalConfig, ProbesConfig
 from posbench.data import probe_corpus
 from posbench.errors import PosbenchError, on_interrupt
 from posbench.extension import columns as extension_columns
-from posbench.evaluate import ATTN_BYTES, find_runs, variants_for
+from posbench.evaluate import ATTN_BYTES, failure, find_runs, variants_for
 from posbench.positions import evaluation_draws, evaluation_positions
 from posbench.probes import PROBES, Example, Probe, parse_probe, probe_name
 from posbench.schemes import PositionLimitError
@@ -163,6 +167,13 @@ def evaluate_run(run_dir: Path, cfg: ProbesConfig, eval_cfg: EvalConfig, device:
             except PositionLimitError as e:
                 group += [{**common, "variant": lab, "trials": cfg.trials, "status": "unsupported",
                            "reason": str(e)} for lab in labels]
+                continue
+            except Exception as e:  # the scheme fails at this length: this length's rows say so, the others go on
+                reason = failure(e, length)
+                if reason is None:
+                    raise
+                group += [{**common, "variant": lab, "trials": cfg.trials, "status": "failed", "reason": reason}
+                          for lab in labels]
                 continue
             for k, lab in enumerate(labels):
                 cell = counts([v for d in judged for v in d[k * cfg.trials: (k + 1) * cfg.trials]])

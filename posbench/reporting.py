@@ -111,6 +111,7 @@ def ppl_grid(rows, mark) -> tuple[list[int], list[list[str]]]:
 
 
 PPL_NOTE = SEED_NOTE.format(within="± standard error over windows")
+BEST_NOTE = "* the lowest (best) mean perplexity at that length, in bold"
 
 
 SCORED = ("ok", NOT_LEARNED)  # rows with numbers (a not-learned run keeps its numbers)
@@ -170,7 +171,8 @@ def ppl_table(rows, title: str = "perplexity (lower is better)", effective_lengt
     text) adds a column."""
     lengths, cells = ppl_grid(rows, lambda text: f"[bold green]{text}*[/]")
     train_lens = sorted(extrapolation_frame(rows)["train_len"].astype(int).unique())
-    table = Table(title=f"{title}; trained at {', '.join(map(str, train_lens))}", caption=PPL_NOTE)
+    table = Table(title=f"{title}; trained at {', '.join(map(str, train_lens))}",
+                  caption=f"{PPL_NOTE}\n{BEST_NOTE}")
     table.add_column("scheme")
     for n in lengths:
         table.add_column(str(n), justify="right")

@@ -282,9 +282,13 @@ def check_plugins(raw: dict[str, Any], run_dir: Path) -> None:
         if sha in {s.sha256 for s in loaded}:
             continue
         same_file = [s for s in loaded if s.path == path]
-        now = f"; the loaded {path} has sha256 {same_file[0].sha256[:12]} (edited since)" if same_file else ""
-        raise PosbenchError(f"run {raw.get('run_id', run_dir.name)} needs plugin {path} with sha256 {sha[:12]}"
-                            f"{now}: pass that file with --plugin (or list it in the task's plugins)")
+        if same_file:  # the file was passed, in another version
+            raise PosbenchError(
+                f"run {raw.get('run_id', run_dir.name)} needs plugin {path} with sha256 {sha[:12]}; the loaded "
+                f"{path} has sha256 {same_file[0].sha256[:12]} (edited since): it needs that version of the file "
+                "(restore it, e.g. from version control, or train the run again with the edited file)")
+        raise PosbenchError(f"run {raw.get('run_id', run_dir.name)} needs plugin {path} with sha256 {sha[:12]}: "
+                            "pass that file with --plugin (or list it in the task's plugins)")
 
 
 def load_trained(run_dir: Path, device="cpu") -> tuple[RunSpec, Transformer, int]:

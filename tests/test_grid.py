@@ -56,7 +56,7 @@ def test_second_run_skips_everything_and_deleted_run_is_redone(task_file, full_r
     assert len(before) == 2 * 2 * 2 + 2 * 2 * 2  # (none, rope) x seeds x lengths + learned x 2 extensions
     again = run_task(task, out, device="cpu", speed=False)
     assert again == {"trained": 0, "skipped_train": 6, "evaluated": 0, "skipped_eval": 6, "probes": 0,
-                     "skipped_probes": 0, "speed": 0, "failed": []}
+                     "skipped_probes": 0, "speed": 0, "failed": [], "failed_rows": None}
     victim = sorted(p for p in out.iterdir() if p.name.startswith("rope-"))[0]
     shutil.rmtree(victim)
     third = run_task(task, out, device="cpu", speed=False)

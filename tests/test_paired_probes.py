@@ -56,6 +56,10 @@ def test_paired_probe_cli(folder, capsys):
     assert main(["paired", "rpoe", "none", "--runs-dir", str(folder), "--probe", "mqar"]) == 2
     assert "did you mean 'rope'" in capsys.readouterr().err
     assert main(["paired", "rope", "none", "--runs-dir", str(folder), "--probe", "sort"]) == 2
+    assert "no scored probe rows" in capsys.readouterr().err  # a probe, not scored there
+    assert main(["paired", "rope", "none", "--runs-dir", str(folder), "--probe", "mqra"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown probe 'mqra'; did you mean 'mqar'?" in err and len(err.strip().splitlines()) == 1, err
     assert main(["paired", "rope", "none", "--runs-dir", str(folder), "--probe", "mqar", "--mode", "sliding"]) == 2
 
 

@@ -69,6 +69,49 @@ INDEXED_TWICE = GOOD.replace('name = "{name}"', 'name = "indexed-twice"').replac
     "return -torch.nn.functional.softplus(self.slope)[h] * (qpos - kpos).clamp(min=0)").replace(
     "{{", "{").replace("}}", "}")
 
+# Reads the window's length: position i's outputs change when tokens are appended after it.
+LENGTH_READER = """
+import torch
+from posbench.schemes import Scheme, register
+
+
+@register
+class LengthReader(Scheme):
+    name = "length-reader"
+    family = "bias"
+    hooks = ("bias",)
+    relative = True
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        self.slope = torch.nn.Parameter(torch.linspace(0.5, 1.0, dims.n_heads))
+
+    def bias_fn(self, h, qpos, kpos):
+        n = kpos.max() - kpos.min() + 1  # the window's length
+        return -self.slope[h] * (qpos - kpos) / n
+"""
+
+# An absolute table of 64 rows that does not declare where it ends (no position_limit()), nor
+# anything about its extrapolation.
+TABLE = """
+import torch
+from posbench.schemes import Scheme, register
+
+
+@register
+class TablePE(Scheme):
+    name = "tablepe"
+    family = "absolute"
+    hooks = ("input",)
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        self.table = torch.nn.Parameter(0.02 * torch.randn(64, dims.d_model))
+
+    def embed(self, x, idx, pos):
+        return x + self.table[pos]
+"""
+
 
 @pytest.fixture
 def registry():
@@ -189,6 +232,8 @@ def test_an_installed_distribution_is_found_without_a_flag(tmp_path):
     (GOOD.format(name="my-pe").replace('hooks = ("bias",)', 'hooks = ("bias", "magic")'), "unknown hook(s) magic"),
     (GOOD.format(name="my-pe").replace('defaults = {"scale": 0.5}', 'defaults = {"scale": [0.5]}'),
      "parameter scale has a default of type list"),
+    ("import sys\n\nsys.exit(3)\n", "line 3: calls sys.exit(3) at import"),
+    ("import sys\n\nsys.exit()\n", "line 3: calls sys.exit() at import"),
 ])
 def test_bad_plugins_are_one_line_and_write_nothing(registry, tmp_path, monkeypatch, capsys, text, message):
     monkeypatch.chdir(tmp_path)
@@ -200,6 +245,44 @@ def test_bad_plugins_are_one_line_and_write_nothing(registry, tmp_path, monkeypa
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "plugin bad.py" in err
     assert set(SCHEMES) == before and not (tmp_path / "runs").exists()
+
+
+INIT_RAISES = GOOD.replace("        super().__init__(dims)\n",
+                           "        super().__init__(dims)\n        raise ValueError('no table for ' + str(dims.d_model))\n")
+
+
+@pytest.mark.parametrize("command", [
+    ["train", "--scheme", "init-raises", "--steps", "2"],
+    ["check", "init-raises"],
+    ["inspect", "init-raises", "--out", "pictures"],
+    ["speed", "--schemes", "init-raises", "--lengths", "32", "--out", "sp"],
+])
+def test_a_plugin_whose_init_raises_is_one_line(registry, tmp_path, monkeypatch, capsys, command):
+    monkeypatch.chdir(tmp_path)
+    plugin = write(tmp_path / "bad.py", INIT_RAISES.format(name="init-raises"))
+    rc = main([*command, "--plugin", "bad.py"])
+    err = capsys.readouterr().err
+    if command[0] == "speed":  # speed records a scheme it cannot build as a row, and goes on
+        assert rc == 0 and "Traceback" not in err
+        rows = [r for r in results.read_rows(tmp_path / "sp" / "speed.csv") if r["scheme"] == "init-raises"]
+        assert rows and all(r["status"] != "ok" and "no table for" in r["reason"] for r in rows), rows
+        return
+    assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"plugin {plugin}: line 18: ValueError: no table for " in err, err
+    assert not list(tmp_path.glob("runs/*")) and not (tmp_path / "pictures").exists()  # no run folder, no picture
+
+
+def test_a_plugin_that_fails_while_drawn_is_one_line(registry, tmp_path, monkeypatch, capsys):
+    """Past its 64 rows the table plug-in raises inside its own hook: without a run, `inspect`
+    draws to 16x the training length and stops there, naming the plug-in's line."""
+    monkeypatch.chdir(tmp_path)
+    plugin = write(tmp_path / "tablepe.py", TABLE)
+    assert main(["inspect", "tablepe", "--plugin", "tablepe.py", "--train-len", "16", "--out", "pictures"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"plugin {plugin}: line 17: IndexError" in err, err
+    assert main(["inspect", "tablepe", "--plugin", "tablepe.py", "--train-len", "16", "--lengths", "64",
+                 "--out", "pictures"]) == 0
 
 
 def test_two_plugins_with_one_name_clash(registry, tmp_path, monkeypatch, capsys):
@@ -226,7 +309,8 @@ def test_check_passes_every_builtin_scheme_and_preset():
         assert not bad, (name, bad)
 
 
-@pytest.mark.parametrize("source, prop", [(PEEKS, "causality"), (FALSE_RELATIVE, "translation"),
+@pytest.mark.parametrize("source, prop", [(PEEKS, "causality"), (LENGTH_READER, "causality"),
+                                          (FALSE_RELATIVE, "translation"),
                                           (NAN_PAST, "past training length"),
                                           (INDEXED_TWICE, "flex backward")])
 def test_check_catches_planted_defects(registry, tmp_path, monkeypatch, capsys, source, prop):
@@ -237,6 +321,20 @@ def test_check_catches_planted_defects(registry, tmp_path, monkeypatch, capsys, 
     out = capsys.readouterr().out
     failed = [line for line in out.splitlines() if line.startswith("fail")]
     assert prop in [line.split("  ")[0].removeprefix("fail ").strip() for line in failed], out
+
+
+def test_causality_grows_the_sequence_on_every_path(registry, tmp_path, monkeypatch, capsys):
+    """Changing one token leaves the earlier outputs of a length reader alone; appending tokens
+    does not, and the finding says so on each path (SDPA's mask and explicit)."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "reader.py", LENGTH_READER)
+    assert main(["check", "length-reader", "--plugin", "reader.py", "--skip", "cost,compiled graph,flex backward"]) == 1
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("fail causality"))
+    assert line.count("were appended to the first 8") == 2 and "sdpa" in line and "explicit" in line, line
+    assert "changed when token 8 did" not in line, line
+    finding = next(f for f in check("length-reader", skip=("cost", "compiled graph", "flex backward"))
+                   if f.prop == "causality")
+    assert finding.status == "fail" and "position 1 changed" in finding.detail, finding
 
 
 def test_check_of_a_good_plugin_passes_with_cost_and_graph(registry, tmp_path, monkeypatch, capsys):
@@ -283,3 +381,97 @@ def test_the_api_returns_frames_and_refuses_bad_input(registry, tmp_path, corpus
         posbench.train("rpoe")
     with pytest.raises(PosbenchError, match="no such file"):
         posbench.speed(plugins=["missing.py"])
+
+
+def test_a_scheme_that_fails_past_its_table_fails_those_lengths_only(registry, tmp_path, corpus_dir, monkeypatch,
+                                                                     capsys):
+    monkeypatch.chdir(tmp_path)
+    plugin = write(tmp_path / "tablepe.py", TABLE)
+    tiny = ["--train-len", "16", "--steps", "2", "--batch-size", "2", "--d-model", "16", "--layers", "1",
+            "--heads", "2", "--tokenizer", "bytes", "--device", "cpu", "--data", f"files:{corpus_dir}"]
+    for scheme in ("tablepe", "rope"):
+        assert main(["train", "--plugin", "tablepe.py", "--scheme", scheme, *tiny]) == 0
+    capsys.readouterr()
+    assert main(["extrapolate", "--plugin", "tablepe.py", "--lengths", "32,64,128", "--tokens", "256"]) == 1
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "1 row(s) failed (tablepe-" in err and "at 128" in err and "the other rows were written" in err, err
+    rows = results.read_rows(tmp_path / "runs" / "extrapolation.csv")
+    status = {(r["scheme"], r["eval_len"]): r["status"] for r in rows}
+    assert status == {("tablepe", "32"): "ok", ("tablepe", "64"): "ok", ("tablepe", "128"): "failed",
+                      ("rope", "32"): "ok", ("rope", "64"): "ok", ("rope", "128"): "ok"}, status
+    failed = next(r for r in rows if r["status"] == "failed")
+    assert failed["reason"].startswith(f"at 128 positions: plugin {plugin}: line 17: IndexError: ")
+    assert "position_limit()" in failed["reason"] and failed["ppl"] == "" and failed["tokens"] == "0"
+    assert "failed" in out  # the table shows the cell as failed
+    assert "* the lowest (best) mean perplexity at that length" in out  # what the star means
+    # The positions of the failed length: none, and none asked for.
+    assert {r["eval_len"] for r in results.read_rows(tmp_path / "runs" / "positions.csv")
+            if r["scheme"] == "tablepe"} == {"32", "64"}
+    # inspect --run: the pictures past the table and the measures at 128 fail, the rest is written.
+    run_id = failed["run_id"]
+    assert main(["inspect", "--run", run_id, "--plugin", "tablepe.py", "--lengths", "32,128", "--out", "ins"]) == 1
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and f"{run_id} at 128" in err, err
+    measured = {r["eval_len"] for r in results.read_rows(tmp_path / "ins" / "attention.csv")}
+    assert measured == {"32"} and "not drawn, it failed at 128 positions" in (tmp_path / "ins" / "inspect.md").read_text()
+    # A stale plug-in is refused before any other run's rows are evaluated again or rewritten.
+    before = {name: (tmp_path / "runs" / f"{name}.csv").read_bytes() for name in ("extrapolation", "windows")}
+    plugins._loaded.clear()  # a fresh process, with an edited file
+    SCHEMES.pop("tablepe")
+    write(plugin, TABLE + "# edited\n")
+    assert main(["extrapolate", "--plugin", "tablepe.py", "--lengths", "32,64,128", "--tokens", "256"]) == 2
+    err = capsys.readouterr().err
+    assert "needs plugin" in err and "that version of the file" in err, err
+    assert {name: (tmp_path / "runs" / f"{name}.csv").read_bytes() for name in before} == before
+
+
+def test_a_plugin_that_declares_nothing_is_unknown_and_check_says_what_it_found(registry, tmp_path, monkeypatch,
+                                                                                capsys):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "tablepe.py", TABLE)
+    assert main(["schemes", "--format", "json", "--plugin", "tablepe.py"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["tablepe"]["extrapolates"] == "unknown"
+    assert rows["rope"]["extrapolates"] == "yes" and rows["sinusoidal"]["extrapolates"] == "no"
+    found = {f.prop: f for f in check("tablepe", skip=("cost", "compiled graph", "flex backward"))}
+    past = found["past training length"]
+    assert past.status == "fail" and past.detail.startswith("tablepe declares no `extrapolates` (listed as unknown)")
+    assert "fails at 256 positions" in past.detail and "line 17: IndexError" in past.detail
+    assert "position_limit()" in past.detail
+
+
+def test_probe_and_run_record_the_failed_lengths_and_go_on(registry, tmp_path, corpus_dir, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    plugin = write(tmp_path / "tablepe.py", TABLE)
+    assert main(["train", "--plugin", "tablepe.py", "--scheme", "tablepe", "--data", "copy", "--train-len", "16",
+                 "--steps", "2", "--batch-size", "2", "--d-model", "16", "--layers", "1", "--heads", "2",
+                 "--runs-dir", "probe-runs"]) == 0
+    capsys.readouterr()
+    assert main(["probe", "--plugin", "tablepe.py", "--probe", "copy", "--runs-dir", "probe-runs",
+                 "--lengths", "16,128", "--trials", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and "at 128" in err, err
+    rows = results.read_rows(tmp_path / "probe-runs" / "probes.csv")
+    assert {r["eval_len"] for r in rows if r["status"] == "failed"} == {"128"}
+    assert {r["eval_len"] for r in rows if r["status"] != "failed"} == {"16"}
+    assert all(f"plugin {plugin}: line 17: IndexError" in r["reason"] for r in rows if r["status"] == "failed")
+    # A grid of the plug-in beside a built-in: both trained, every length written, exit 1 naming the row.
+    task = tmp_path / "grid.toml"
+    task.write_text('plugins = ["tablepe.py"]\nschemes = ["tablepe", "alibi"]\n'
+                    + TINY_TASK.format(corpus=corpus_dir).replace("lengths = [16, 32]", "lengths = [16, 128]"))
+    assert main(["run", str(task), "--out", "grid", "--no-speed"]) == 1
+    err = capsys.readouterr().err  # with the corpus loader's progress lines
+    assert "Traceback" not in err and len([x for x in err.splitlines() if x.startswith("error:")]) == 1, err
+    assert "1 row(s) failed (tablepe-" in err and "at 128" in err, err
+    status = {(r["scheme"], r["eval_len"]): r["status"] for r in results.read_rows(tmp_path / "grid" / "extrapolation.csv")}
+    assert status == {("tablepe", "16"): "ok", ("tablepe", "128"): "failed", ("alibi", "16"): "ok",
+                      ("alibi", "128"): "ok"}, status
+    assert (tmp_path / "grid" / "report.md").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "extrapolate", "check"])
+def test_every_commands_help_names_plugin(command, capsys):
+    assert main([command, "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--plugin FILE_OR_MODULE" in out and "--debug" in out, out

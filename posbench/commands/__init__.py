@@ -35,6 +35,13 @@ def say(line: str, kind: str = "error") -> None:
     err.print(f"{kind}: {line}", markup=False, highlight=False, soft_wrap=True)
 
 
+def failed(line: str | None) -> int:
+    """Exit 1 with one line on stderr when some rows failed (the others were written); 0 otherwise."""
+    if line:
+        say(line)
+    return 1 if line else 0
+
+
 def plain(line: str) -> None:
     """One whole line on stdout, as written."""
     console.print(line, soft_wrap=True, highlight=False, markup=False)

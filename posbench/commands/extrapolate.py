@@ -7,7 +7,7 @@ import pandas as pd
 import typer
 
 from posbench import config, results
-from posbench.commands import console, plain, say
+from posbench.commands import console, failed, plain, say
 from posbench.commands import frame as to_frame
 from posbench.commands.options import Device, Model, Out, RunsDir, Schemes, Task, load_plugins, scheme_names, \
     settings, takes, task_folder
@@ -70,14 +70,14 @@ def extrapolate(
 
 
 def show(result: pd.DataFrame) -> int:
-    from posbench import effective, reporting
+    from posbench import effective, evaluate, reporting
 
     rows, cfg = result.attrs["rows"], result.attrs["eval"]
     eff = reporting.effective_by_label(effective.perplexity_rows(rows, cfg.effective_tolerance))
     console.print(reporting.ppl_table(rows, f"perplexity, {cfg.mode}", eff))
     note_scalings(rows, cfg.rope_scaling)
     plain(f"wrote {', '.join(map(str, result.attrs['written']))}")
-    return 0
+    return failed(evaluate.failed_rows(rows, result.attrs["written"][0]))
 
 
 def note_scalings(rows: list[dict], kinds: tuple[str, ...]) -> None:

@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 
 from posbench import config, layout
-from posbench.commands import console, plain
+from posbench.commands import console, failed, plain
 from posbench.commands import frame as to_frame
 from posbench.commands.options import Device, Task, ints, load_plugins, names, scheme_names
 from posbench.errors import PosbenchError
@@ -93,4 +93,4 @@ def show(result: pd.DataFrame) -> int:
         console.print(f"{row['scheme']:24} {row['kind']:16} {row['path'] or escape(row['caption'])}",
                       soft_wrap=True, highlight=False)
     plain(f"wrote {result.attrs['page']}")
-    return 0
+    return failed("; ".join(r["caption"] for r in result.attrs["rows"] if r["kind"] == "failed") or None)

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from posbench import config, plugins, results
-from posbench.commands import console, plain
+from posbench.commands import console, failed, plain
 from posbench.commands import frame as to_frame
 from posbench.commands.extrapolate import note_scalings
 from posbench.commands.options import Device, Model, Out, RunsDir, Schemes, Task, load_plugins, names, \
@@ -78,7 +78,7 @@ def catalogue() -> list[dict[str, str]]:
 
 
 def show(result: pd.DataFrame) -> int:
-    from posbench import reporting
+    from posbench import evaluate, reporting
 
     rows = result.attrs["rows"]
     if result.attrs.get("listing"):
@@ -94,4 +94,4 @@ def show(result: pd.DataFrame) -> int:
     note_scalings(rows, result.attrs["eval"].rope_scaling)
     out = result.attrs["out"]
     plain(f"wrote {results.table_path(out, 'probes')}, probe_*.png and {out / 'report.md'}")
-    return 0
+    return failed(evaluate.failed_rows(rows, results.table_path(out, "probes")))

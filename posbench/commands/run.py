@@ -9,7 +9,7 @@ import pandas as pd
 import typer
 
 from posbench import config, results
-from posbench.commands import console, plain, say
+from posbench.commands import console, failed, plain, say
 from posbench.commands.options import Device, Out, Resume, Schemes, ints, load_plugins, names, settings, takes
 from posbench.errors import PosbenchError
 
@@ -91,7 +91,7 @@ def show(tables: dict[str, pd.DataFrame]) -> int:
         say(f"training failed for {', '.join(done['failed'])} (recorded as failed in "
             f"{results.table_path(out_dir, 'runs')}); the other runs completed")
         return 1
-    return 0
+    return failed(done["failed_rows"])
 
 
 def warn_mixed_machines(directory: Path) -> None:
