@@ -198,7 +198,7 @@ def prepare(scheme, pos: torch.Tensor, backend: str, span: Span = FULL,
     t = pos.shape[0]
     if backend == "flex":
         if "bias" in scheme.hooks:
-            fn = scheme.flex_bias_fn()
+            fn = scheme.flex_bias(pos)
 
             def score_mod(score, b, h, q_idx, kv_idx):
                 return score + fn(h, pos[q_idx], pos[kv_idx])

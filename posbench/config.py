@@ -138,9 +138,10 @@ class ProbesConfig:
     probe's examples, scored by per-answer accuracy and exact match per prompt length."""
 
     names: tuple[str, ...] = ()  # probe data specs, e.g. "passkey", "copy:size=1-40"; empty: none
-    lengths: tuple[int, ...] = ()  # empty: 1x, 2x, 4x and 8x each run's training length
-    trials: int = 100  # prompts per (length, variant)
-    seed: int = 0  # of the prompts: every scheme answers the same ones
+    lengths: tuple[int, ...] = knob((), "prompt lengths, e.g. 256,512 (default: 1x,2x,4x,8x each run's training "
+                                    "length)", LENGTH, flag=True)
+    trials: int = knob(100, "prompts per length and variant", positive, flag=True)
+    seed: int = knob(0, "seed of the prompts: every scheme answers the same ones", flag=True)
     randomized: tuple[str, ...] = ()  # schemes also trained with randomized positions (Ruoss et al.)
     # probe name -> [train] keys that differ for the runs on that probe's examples
     # ([probes.train.copy] train_len = 32): each probe learned at a size a tiny model can learn
@@ -150,11 +151,6 @@ class ProbesConfig:
         from posbench.probes import parse_probe, probe_name
         from posbench.schemes import get_scheme
 
-        for n in self.lengths:
-            if not LENGTH.holds(n):
-                raise PosbenchError(f"lengths must be {LENGTH.says}, got {n}")
-        if self.trials <= 0:
-            raise PosbenchError(f"trials must be > 0, got {self.trials}")
         for name in self.names:
             parse_probe(name)
         for name in self.randomized:
@@ -174,27 +170,27 @@ class ExtendConfig:
     tokens), with the parent's optimizer settings but this lr, warm-up and schedule."""
 
     methods: dict[str, tuple[str, ...]] = field(default_factory=dict)  # scheme -> methods; empty: none
-    target_len: int = knob(256, "the length to extend to (L')", LENGTH, name="lengths")
+    target_len: int = knob(256, "the length to extend to (L')", LENGTH, name="lengths", flag=True)
     steps: tuple[int, ...] = knob((50,), "budgets: steps of the parent's batch size at the target length",
-                                  Range("> 0", lambda v: v > 0), required=True, name="extend steps")
+                                  Range("> 0", lambda v: v > 0), required=True, name="extend steps", flag=True)
     # a tenth of the quick task's: fine-tuning lr well below pretraining (PI, YaRN)
-    lr: float = knob(2e-4, "fine-tuning learning rate", positive)
-    warmup: int = knob(5, "warm-up steps", non_negative)
-    schedule: str = knob("constant", "constant | cosine after the warm-up", one_of(*SCHEDULES))
-    yarn_alpha: float = knob(1.0, "YaRN alpha (beta_slow)", positive)
-    yarn_beta: float = knob(32.0, "YaRN beta (beta_fast)", positive)
+    lr: float = knob(2e-4, "fine-tuning learning rate", positive, flag=True)
+    warmup: int = knob(5, "warm-up steps", non_negative, flag=True)
+    schedule: str = knob("constant", "constant | cosine after the warm-up", one_of(*SCHEDULES), flag=True)
+    yarn_alpha: float = knob(1.0, "YaRN alpha (beta_slow)", positive, flag=True)
+    yarn_beta: float = knob(32.0, "YaRN beta (beta_fast)", positive, flag=True)
     # LongRoPE's evolutionary search (posbench/docs/extension.md): posbench's small preset, 16 + 10 x 16 evaluations
-    population: int = knob(16, "longrope search: population", positive)
+    population: int = knob(16, "longrope search: population", positive, flag=True)
     parents: int = knob(8, "longrope search: the best kept each iteration", positive)
     mutation: float = knob(0.3, "longrope search: chance that a mutation redraws a factor",
-                           Range("in (0, 1]", lambda v: 0 < v <= 1))
-    iterations: int = knob(10, "longrope search: iterations", positive)
+                           Range("in (0, 1]", lambda v: 0 < v <= 1), flag=True)
+    iterations: int = knob(10, "longrope search: iterations", positive, flag=True)
     search_windows: int = knob(4, "longrope search: validation windows of target_len that score a candidate",
                                positive)
     # DroPE's recalibration (posbench.extending): its Llama-2 7B run recalibrates at a third of the
     # model's pretraining peak (1e-4 after 3e-4), cosine after the warm-up; a third of the quick
     # task's 2e-3
-    drope_lr: float = knob(7e-4, "drope: the recalibration's peak learning rate", positive)
+    drope_lr: float = knob(7e-4, "drope: the recalibration's peak learning rate", positive, flag=True)
     drope_schedule: str = knob("cosine", "drope: the schedule after the warm-up", one_of(*SCHEDULES))
 
     def check(self) -> None:

@@ -36,7 +36,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Protocol
 
 import torch
 
@@ -177,31 +177,61 @@ def correlated_windows(mode: str, length: int, stride: int) -> int:
     return math.ceil(length / stride) if mode == "sliding" else 1
 
 
-def batches(starts: torch.Tensor, length: int, heads: int, batch_tokens: int) -> Iterator[torch.Tensor]:
-    per = max(1, min(batch_tokens // length, ATTN_BYTES // (4 * heads * length * length)))
-    yield from starts.split(per)
+def windows_per_forward(length: int, heads: int, batch_tokens: int) -> int:
+    """Windows of `length` scored by one forward: batch_tokens' worth, its attention scores within
+    ATTN_BYTES."""
+    return max(1, min(batch_tokens // length, ATTN_BYTES // (4 * heads * length * length)))
+
+
+class Scorer(Protocol):
+    """What perplexity asks of a model, trained here or pretrained (posbench.pretrained)."""
+
+    def losses(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Windows of tokens (B, L + 1) -> the loss of each next token (B, L)."""
+
+    def per_forward(self, length: int) -> int:
+        """How many windows of `length` one call of `losses` takes."""
+
+
+@dataclass
+class TrainedScorer:
+    """A trained run's model as a Scorer, at the windows' positions `pos` (None: 0..L-1)."""
+
+    model: torch.nn.Module
+    device: torch.device
+    dtype: str
+    batch_tokens: int
+    pos: torch.Tensor | None = None
+
+    def losses(self, tokens: torch.Tensor) -> torch.Tensor:
+        tokens = tokens.to(self.device)
+        pos = self.pos.to(self.device) if self.pos is not None else None
+        with autocast(self.device, self.dtype):
+            return self.model.token_losses(tokens[:, :-1], tokens[:, 1:], pos)  # (B, L)
+
+    def per_forward(self, length: int) -> int:
+        return windows_per_forward(length, self.model.cfg.n_heads, self.batch_tokens)
 
 
 @torch.inference_mode()
-def score(model, stream: torch.Tensor, length: int, cfg: EvalConfig, lengths, device, dtype: str,
-          pos: torch.Tensor | None = None):
+def score(scorer: Scorer, stream: torch.Tensor, length: int, cfg: EvalConfig, lengths,
+          on_forward: Callable[[torch.Tensor], None] | None = None):
     """Summed loss and count per window index (L,) over every scored window, the window starts (W,)
-    and each window's mean loss over its scored tokens (W,); `pos` (L,) the windows' positions
-    (None: 0..L-1)."""
+    and each window's mean loss over its scored tokens (W,): the one perplexity of trained runs and
+    pretrained models alike. `on_forward` sees each forward's window losses (progress)."""
     starts, first = windows(stream, length, cfg, lengths)
     total = torch.zeros(length, dtype=torch.float64)
     count = torch.zeros(length, dtype=torch.float64)
     per_window = []
     offsets = torch.arange(length + 1)
-    pos = pos.to(device) if pos is not None else None
-    for chunk in batches(starts, length, model.cfg.n_heads, cfg.batch_tokens):
-        tokens = stream[chunk[:, None] + offsets].to(device)
-        with autocast(device, dtype):
-            losses = model.token_losses(tokens[:, :-1], tokens[:, 1:], pos)  # (B, L)
+    for chunk in starts.split(scorer.per_forward(length)):
+        losses = scorer.losses(stream[chunk[:, None] + offsets])  # (B, L)
         scored = losses[:, first:].double().cpu()  # (B, L - first)
         total[first:] += scored.sum(0)
         count[first:] += losses.shape[0]
         per_window.append(scored.mean(1))
+        if on_forward is not None:
+            on_forward(per_window[-1])
     return total, count, starts, torch.cat(per_window)
 
 
@@ -242,7 +272,8 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
                 for draw in range(draws):
                     pos = evaluation_positions(spec.train, length, draw)
                     with observe(recorder if inline else None):
-                        t, c, starts, w = score(model, stream, length, cfg, cfg.lengths, dev, spec.train.dtype, pos)
+                        scorer = TrainedScorer(model, dev, spec.train.dtype, cfg.batch_tokens, pos)
+                        t, c, starts, w = score(scorer, stream, length, cfg, cfg.lengths)
                     total, count, window_loss = total + t, count + c, window_loss + w
                     if recorder is not None and not inline:
                         record_attention(model, stream, length, cfg, dev, spec.train.dtype, pos, recorder)
@@ -309,7 +340,7 @@ def record_attention(model, stream: torch.Tensor, length: int, cfg: EvalConfig, 
     forced, model.backend = model.backend, "explicit"
     try:
         with observe(recorder):
-            score(model, stream, length, cfg, cfg.lengths, device, dtype, pos)
+            score(TrainedScorer(model, device, dtype, cfg.batch_tokens, pos), stream, length, cfg, cfg.lengths)
     finally:
         model.backend = forced
 

@@ -24,18 +24,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-# Dense peak FLOP/s from the vendors' data sheets (no structured sparsity), by compute dtype.
-# "tf32" is float32 matmuls on tensor cores (torch.set_float32_matmul_precision("high")).
+# Dense peak FLOP/s from the vendors' data sheets (no structured sparsity), by the precision the
+# matmuls run in (`peak_precision`): "bf16", "tf32" (float32 matmuls on tensor cores), "fp32".
 # Matched by substring of torch.cuda.get_device_name, first match wins: specific names first.
 PEAK_FLOPS: list[tuple[str, dict[str, float]]] = [
-    ("H100 PCIe", {"bfloat16": 756e12, "tf32": 378e12, "float32": 51e12}),
-    ("H100 NVL", {"bfloat16": 835e12, "tf32": 418e12, "float32": 60e12}),
-    ("H100", {"bfloat16": 989e12, "tf32": 495e12, "float32": 67e12}),  # SXM
-    ("H200", {"bfloat16": 989e12, "tf32": 495e12, "float32": 67e12}),  # SXM; GH200 alike
-    ("A100", {"bfloat16": 312e12, "tf32": 156e12, "float32": 19.5e12}),
-    ("L40S", {"bfloat16": 362e12, "tf32": 183e12, "float32": 91.6e12}),
-    ("L4", {"bfloat16": 121e12, "tf32": 60e12, "float32": 30.3e12}),
+    ("H100 PCIe", {"bf16": 756e12, "tf32": 378e12, "fp32": 51e12}),
+    ("H100 NVL", {"bf16": 835e12, "tf32": 418e12, "fp32": 60e12}),
+    ("H100", {"bf16": 989e12, "tf32": 495e12, "fp32": 67e12}),  # SXM
+    ("H200", {"bf16": 989e12, "tf32": 495e12, "fp32": 67e12}),  # SXM; GH200 alike
+    ("A100", {"bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12}),
+    ("L40S", {"bf16": 362e12, "tf32": 183e12, "fp32": 91.6e12}),
+    ("L4", {"bf16": 121e12, "tf32": 60e12, "fp32": 30.3e12}),
 ]
+TF32_CAPABILITY = (8, 0)  # Ampere: the first tensor cores that take float32 inputs as TF32
 
 
 def matmul_params(model: nn.Module) -> int:
@@ -58,16 +59,34 @@ def kept_pairs(span, train_len: int) -> float:
     return float(span.visible(train_len, "cpu").sum()) / (train_len * (train_len + 1) / 2)
 
 
-def peak_flops(device: torch.device, dtype: str) -> float | None:
-    """The device's dense peak for the training dtype, or None where it is not in the table (every
-    CPU, unlisted GPUs)."""
+def peak_precision(device: torch.device, dtype: str) -> str:
+    """The precision a training step's matmuls run in on this device: "bf16" for a bfloat16 run
+    (autocast), "tf32" for float32 when `torch.get_float32_matmul_precision()` is "high" or
+    "medium" (CUDA then lets cuBLAS round float32 inputs to TF32) on a GPU with TF32 tensor cores,
+    "fp32" otherwise; "" on a CPU, whose peak is unknown."""
     if device.type != "cuda":
-        return None
+        return ""
+    if dtype == "bfloat16":
+        return "bf16"
+    if (torch.get_float32_matmul_precision() in ("high", "medium")
+            and torch.cuda.get_device_capability(device) >= TF32_CAPABILITY):
+        return "tf32"
+    return "fp32"
+
+
+def mfu_peak(device: torch.device, dtype: str) -> tuple[str, float | None]:
+    """(precision, dense peak FLOP/s) that MFU divides by: `peak_precision` and the device's peak
+    in it, or ("", None) where the device is not in the table (every CPU, unlisted GPUs)."""
+    precision = peak_precision(device, dtype)
+    if not precision:
+        return "", None
     name = torch.cuda.get_device_name(device)
-    kind = dtype
-    if dtype == "float32" and torch.get_float32_matmul_precision() != "highest":
-        kind = "tf32"
     for pattern, peaks in PEAK_FLOPS:
         if pattern in name:
-            return peaks[kind]
-    return None
+            return precision, peaks[precision]
+    return "", None
+
+
+def peak_flops(device: torch.device, dtype: str) -> float | None:
+    """The device's dense peak in the precision a run in `dtype` uses (`mfu_peak`), or None."""
+    return mfu_peak(device, dtype)[1]

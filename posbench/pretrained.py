@@ -15,9 +15,10 @@ Self-Extend and ReRoPE merge two logit maps: their rotary hands attention q and 
 attention function `two_map_attention` (registered with transformers' AttentionInterface) scores
 them with `two_map_scores`, query block by query block so that a 32k window fits in memory.
 
-Perplexity follows posbench.evaluate: the task's corpus tokenized by the model's tokenizer, the
-same windows (`windows`), per-position buckets, window losses for paired comparisons, intervals,
-effective length. Rows are keyed by the model (`run_id` = kind:name@sha256 of its file or folder),
+Perplexity is posbench.evaluate's: the model is a Scorer (`Pretrained.losses`, one window per
+forward) read by the same `score`, over the task's corpus tokenized by the model's tokenizer, the
+same windows, per-position buckets, window losses for paired comparisons, intervals, effective
+length. Rows are keyed by the model (`run_id` = kind:name@sha256 of its file or folder),
 never by a training run. Passkey follows the classic prompt (`passkey_prompt`), decoded greedily.
 """
 
@@ -42,7 +43,7 @@ from posbench import results
 from posbench.config import EvalConfig, ProbesConfig
 from posbench.data import load_corpus
 from posbench.errors import PosbenchError
-from posbench.evaluate import (ATTN_BYTES, correlated_windows, loss_interval, position_rows, scaling_of,
+from posbench.evaluate import (ATTN_BYTES, correlated_windows, loss_interval, position_rows, scaling_of, score,
                                stride_for, window_rows, windows)
 from posbench.extension import columns as extension_columns
 from posbench.probes import parse_probe
@@ -263,6 +264,13 @@ class Pretrained:
                                           targets[i: i + LOGIT_CHUNK], reduction="none")
                           for i in range(0, hidden.shape[0], LOGIT_CHUNK)])
 
+    def losses(self, tokens: torch.Tensor) -> torch.Tensor:
+        """As posbench.evaluate.Scorer: windows (B, L + 1) -> (B, L), one window per forward."""
+        return torch.stack([self.token_losses(window[None]) for window in tokens])
+
+    def per_forward(self, length: int) -> int:
+        return 1  # one window of up to the model's longest reading fills the memory
+
     @torch.inference_mode()
     def greedy(self, prompt: list[int], steps: int) -> list[int]:
         """`steps` tokens decoded greedily after `prompt`, the window's frequencies those of the prompt."""
@@ -396,7 +404,9 @@ def extrapolate(spec: str, cfg: EvalConfig, data: str, out: Path, task: str, pro
                 if key in scored:
                     reason = f"same frequencies as {scored[key][4]} at this length: scored once"
                 else:
-                    scored[key] = (*score(m, stream, length, cfg, bar, scaling.label), scaling.label)
+                    bar.start(f"{scaling.label} {length}", len(windows(stream, length, cfg, cfg.lengths)[0]))
+                    done = score(m, stream, length, cfg, cfg.lengths, lambda w: bar.step(f"loss {float(w[-1]):.3f}"))
+                    scored[key] = (*done, scaling.label)
                 total, count, starts, window_loss, _ = scored[key]
                 loss = float(total.sum() / count.sum())
                 rows.append({**row, "tokens": int(count.sum()), "loss": loss, "ppl": math.exp(loss),
@@ -407,25 +417,6 @@ def extrapolate(spec: str, cfg: EvalConfig, data: str, out: Path, task: str, pro
                 results.merge_rows(out, "positions", position_rows(row, total, count, cfg.position_buckets))
                 results.merge_rows(out, "extrapolation", rows[-1:])
     return rows
-
-
-def score(m: Pretrained, stream: torch.Tensor, length: int, cfg: EvalConfig, bar: "Bar", label: str):
-    """As posbench.evaluate.score, one window per forward: loss sums and counts per window index
-    (L,), the window starts (W,) and each window's mean loss (W,)."""
-    starts, first = windows(stream, length, cfg, cfg.lengths)
-    total = torch.zeros(length, dtype=torch.float64)
-    count = torch.zeros(length, dtype=torch.float64)
-    per_window = []
-    offsets = torch.arange(length + 1)
-    bar.start(f"{label} {length}", len(starts))
-    for start in starts.tolist():
-        began = time.perf_counter()
-        losses = m.token_losses(stream[start + offsets][None]).double()  # (L,)
-        total[first:] += losses[first:]
-        count[first:] += 1
-        per_window.append(losses[first:].mean())
-        bar.step(f"loss {per_window[-1]:.3f}, {time.perf_counter() - began:.0f} s")
-    return total, count, starts, torch.stack(per_window)
 
 
 class Bar:
@@ -448,11 +439,14 @@ class Bar:
             self.bar.__exit__(*exc)
 
     def start(self, label: str, total: int) -> None:
-        self.label, self.done, self.total = label, 0, total
+        self.label, self.done, self.total, self.last = label, 0, total, time.perf_counter()
         if self.progress:
             self.job = self.bar.add_task(label, total=total)
 
     def step(self, note: str) -> None:
+        """One more done; `note` and the seconds since the one before."""
+        now = time.perf_counter()
+        note, self.last = f"{note}, {now - self.last:.0f} s", now
         self.done += 1
         if self.progress:
             self.bar.update(self.job, advance=1, description=f"{self.label}: {note}")

@@ -39,8 +39,9 @@ TABLES: dict[str, dict[str, list[str]]] = {
                     "steps", "stopped_at", "tokens", "scored_tokens", "padding_tokens", "n_params",
                     "final_train_loss", "final_val_loss", "final_val_accuracy",
                     "unigram_val_loss", "train_seconds", "tokens_per_second",
-                    "model_flops_per_second", "mfu", "backend", "compile", "status",
-                    "message", "parent_run", "extend_method", "extend_len", "extend_steps", "plugins", "weights_sha256"] + PROVENANCE,
+                    "model_flops_per_second", "mfu", "mfu_peak", "backend", "compile", "status",
+                    "message", "parent_run", "extend_method", "extend_len", "extend_steps", "plugins",
+                    "weights_sha256"] + PROVENANCE,
     },
     "extrapolation": {
         "key": ["run_id", "eval_len", "mode", "stride", "scaling", "extension"],
@@ -103,7 +104,7 @@ TABLES: dict[str, dict[str, list[str]]] = {
 # the others, without which its rows mean nothing (a merge of such a file would add junk rows).
 EXTENSION = {"parent_run", "extend_method", "extend_len", "extend_steps"}  # posbench.extension's columns
 ADDED_LATER: dict[str, set[str]] = {
-    "runs": {"model_flops_per_second", "mfu", "compile", "stopped_at", "final_val_accuracy", "plugins",
+    "runs": {"model_flops_per_second", "mfu", "mfu_peak", "compile", "stopped_at", "final_val_accuracy", "plugins",
              "scored_tokens", "padding_tokens", "weights_sha256", *EXTENSION, *MACHINE},
     "extrapolation": {"position_draws", "loss_se", "ppl_lo", "ppl_hi", *EXTENSION, *MACHINE},
     "windows": {"params", "position_draws", *EXTENSION},

@@ -342,12 +342,15 @@ def learned(entry: dict[str, Any], t: TrainConfig) -> bool:
 
 
 def compute_rate(model: Transformer, spec: RunSpec, dev: torch.device, tokens_per_second: float) -> dict:
-    """Achieved model FLOP/s (posbench.flops) and its fraction of the device's peak, where known."""
+    """Achieved model FLOP/s (posbench.flops) and its fraction of the device's peak in the
+    precision the matmuls ran in, where known; `mfu_peak` names that precision (fp32, tf32, bf16;
+    empty without a peak)."""
     per_token = flops.training_flops_per_token(model, spec.model.n_layers, spec.model.d_model,
                                                spec.train.train_len)
     achieved = per_token * tokens_per_second
-    peak = flops.peak_flops(dev, spec.train.dtype)
-    return {"model_flops_per_second": achieved, "mfu": achieved / peak if peak else None}
+    precision, peak = flops.mfu_peak(dev, spec.train.dtype)
+    return {"model_flops_per_second": achieved, "mfu": achieved / peak if peak else None,
+            "mfu_peak": precision}
 
 
 def _progress(enabled: bool):

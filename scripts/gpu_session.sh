@@ -99,7 +99,7 @@ train)
 import csv, sys
 from pathlib import Path
 work = Path(sys.argv[1])
-print("mode scheme compile backend | first step s | tokens/s whole, steady | mfu whole, steady | final train loss")
+print("mode scheme compile backend | first step s | tokens/s whole, steady | mfu whole, steady of peak | final train loss")
 for mode in ("on", "off"):
     for row in csv.DictReader(open(work / f"compile-{mode}" / "runs.csv")):
         log = list(csv.DictReader(open(work / f"compile-{mode}" / row["run_id"] / "log.csv")))
@@ -107,7 +107,8 @@ for mode in ("on", "off"):
         steady = (float(log[-1]["tokens"]) - float(log[k]["tokens"])) / max(
             float(log[-1]["seconds"]) - float(log[k]["seconds"]), 1e-9)
         whole = float(row["tokens_per_second"])
-        mfu = f"{float(row['mfu']):.3f}, {float(row['mfu']) * steady / whole:.3f}" if row.get("mfu") else "-"
+        mfu = (f"{float(row['mfu']):.3f}, {float(row['mfu']) * steady / whole:.3f} of {row.get('mfu_peak') or '?'}"
+               if row.get("mfu") else "-")
         print(mode, row["scheme"], row["compile"], row["backend"], "|", f"{float(log[0]['seconds']):.1f}", "|",
               f"{whole:,.0f}, {steady:,.0f}", "|", mfu, "|", row["final_train_loss"])
 EOF

@@ -64,6 +64,66 @@ def test_score_mod_equals_explicit_bias_and_gradients(name):
                     assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), (a - b).abs().max()
 
 
+@needs_flex
+@pytest.mark.parametrize("name", ["t5", "tupe"])
+@pytest.mark.parametrize("t", [T, 200])  # 200: five times the training length, past max_distance 128
+def test_learned_table_bias_reads_a_distance_vector_with_the_explicit_gradients(name, t, monkeypatch):
+    """t5 and tupe gather a small learned bucket table by distance. Their score_mod reads a
+    vector of the window's distances built once per forward (2n - 1 cells per head), never the
+    table; outputs and the gradients into q, k, v and the table equal the explicit path's (1e-5
+    and 1e-4), at the training length and past it."""
+    import torch.nn.attention.flex_attention as flex_module
+    from torch.nn.attention.flex_attention import flex_attention
+    from torch.overrides import TorchFunctionMode
+
+    # eager FlexAttention refuses gradients into q, k, v on a CPU before computing; its dense
+    # reference computes them (posbench.conformance.checked_flex likewise)
+    monkeypatch.setattr(flex_module, "_validate_device", lambda *args: None)
+    torch.manual_seed(0)
+    scheme = SCHEMES[name](Dims(H * D, H, 1, 50, T, 256))
+    with torch.no_grad():
+        for p in scheme.parameters():
+            p.add_(torch.randn_like(p) * 0.3)  # the bucket tables start at zero
+    table = scheme.table if name == "t5" else scheme.buckets
+    pos = torch.arange(t) + 5
+    q, k, v = (torch.randn(2, H, t, D, requires_grad=True) for _ in range(3))
+
+    def attend(backend):
+        ctx = attention.prepare(scheme, pos, backend)
+        q2, k2 = scheme.rotate(q, k, pos, ctx.shared, 0) if "qk" in scheme.hooks else (q, k)
+        if backend == "explicit":
+            return attention.explicit_attention(q2, k2, v, scheme, ctx, 0), ctx
+        return flex_attention(q2, k2, v, score_mod=ctx.score_mod, block_mask=ctx.block_mask,
+                              scale=scheme.qk_scale), ctx
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager FlexAttention warns that it is unfused
+        out, ctx = attend("flex")
+    ref, _ = attend("explicit")
+    assert torch.allclose(out, ref, atol=1e-5), (out - ref).abs().max()
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, [q, k, v, table], g)
+    want = torch.autograd.grad(ref, [q, k, v, table], g)
+    for which, a, b in zip("qkvt", got, want):
+        assert b.abs().max() > 0, which
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), (which, (a - b).abs().max())
+
+    read = []
+
+    class Reads(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.Tensor.__getitem__ and args[0].requires_grad:
+                read.append(tuple(args[0].shape))
+            return func(*args, **(kwargs or {}))
+
+    i = torch.arange(t)
+    with Reads():
+        bias = ctx.score_mod(torch.zeros(t, t), 0, torch.arange(H)[:, None, None], i[:, None], i[None, :])
+    n = 64 if t == T else 256  # max(pos) + 1 rounded up to a power of two
+    assert read == [(H, 2 * n - 1)]
+    assert torch.equal(bias, scheme.bias(pos))  # the same cells of the table, bitwise
+
+
 def test_what_flex_cannot_run_keeps_the_float_mask():
     """A 0-dim learned tensor in score_mod, or a head dim below 16, breaks FlexAttention: such a
     scheme is not sent there."""

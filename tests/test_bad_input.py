@@ -163,7 +163,10 @@ def _first_ok(rows):
 def test_compare_passes_on_itself(capsys, tmp_path):
     base = _baseline_copy(tmp_path)
     assert main(["compare", str(base), str(BASELINE)]) == 0
-    capsys.readouterr()
+    out = capsys.readouterr().out
+    rows = len(results.read_rows(BASELINE / "extrapolation.csv"))
+    assert f"{rows} comparisons: {rows} within tolerance" in out and "0 regressions" in out
+    assert "regressed" not in out and "missing" not in out  # no table of changes when all agree
 
 
 @pytest.mark.parametrize("damage, message", [

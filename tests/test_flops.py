@@ -28,9 +28,71 @@ def test_peak_known_for_listed_gpus_only(monkeypatch):
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=name: name)
         assert flops.peak_flops(torch.device("cuda"), "bfloat16") == peak, name
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-40GB")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     assert flops.peak_flops(torch.device("cuda"), "float32") == 19.5e12
     monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")
     assert flops.peak_flops(torch.device("cuda"), "float32") == 156e12  # TF32 tensor cores
+
+
+def fake_gpu(monkeypatch, name: str, capability: tuple[int, int], precision: str) -> None:
+    """The device-peak lookup as a CUDA machine answers it: its name, compute capability and the
+    float32 matmul precision set in torch."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: precision)
+
+
+@pytest.mark.parametrize(("dtype", "precision", "capability", "label", "peak"), [
+    ("float32", "highest", (9, 0), "fp32", 67e12),  # float32 matmuls in full precision
+    ("float32", "high", (9, 0), "tf32", 495e12),
+    ("float32", "medium", (9, 0), "tf32", 495e12),
+    ("float32", "high", (7, 0), "fp32", 67e12),  # a GPU without TF32 runs float32 in full
+    ("bfloat16", "highest", (9, 0), "bf16", 989e12),
+    ("bfloat16", "high", (9, 0), "bf16", 989e12),
+])
+def test_mfu_divides_by_the_peak_of_the_precision_used_and_names_it(monkeypatch, dtype, precision,
+                                                                    capability, label, peak):
+    from posbench.config import TrainConfig
+    from posbench.training import compute_rate
+
+    fake_gpu(monkeypatch, "NVIDIA H100 80GB HBM3", capability, precision)
+    spec = RunSpec(scheme="rope", model=ModelConfig(d_model=32, n_layers=2, n_heads=2),
+                   train=TrainConfig(train_len=16, dtype=dtype))
+    model = build_model(spec, 50)
+    rate = compute_rate(model, spec, torch.device("cuda"), 1000.0)
+    assert rate["mfu_peak"] == label
+    assert rate["mfu"] == pytest.approx(rate["model_flops_per_second"] / peak, rel=1e-12)
+    assert flops.mfu_peak(torch.device("cuda"), dtype) == (label, peak)
+
+
+def test_no_peak_no_label(monkeypatch):
+    """A CPU, and a GPU the table does not list, have no peak: MFU and its label stay empty."""
+    from posbench.training import compute_rate
+
+    spec = RunSpec(scheme="rope", model=ModelConfig(d_model=32, n_layers=2, n_heads=2))
+    model = build_model(spec, 50)
+    assert compute_rate(model, spec, torch.device("cpu"), 1000.0) | {"model_flops_per_second": 0} == \
+        {"model_flops_per_second": 0, "mfu": None, "mfu_peak": ""}
+    fake_gpu(monkeypatch, "NVIDIA GeForce GTX 1080", (6, 1), "highest")
+    rate = compute_rate(model, spec, torch.device("cuda"), 1000.0)
+    assert (rate["mfu"], rate["mfu_peak"]) == (None, "")
+
+
+def test_runs_csv_records_the_peak_and_reads_a_file_without_the_column(tmp_path):
+    """mfu_peak is a runs.csv column; a runs.csv written before it existed still reads (the
+    column empty) and takes new rows."""
+    from posbench import results
+
+    columns = [c for c in results.TABLES["runs"]["columns"] if c != "mfu_peak"]
+    row = {c: "" for c in columns} | {"run_id": "rope-0000000000", "scheme": "rope", "status": "ok",
+                                      "mfu": "0.025"}
+    (tmp_path / "runs.csv").write_text(",".join(columns) + "\n" + ",".join(row[c] for c in columns) + "\n")
+    results.merge_rows(tmp_path, "runs", [{"run_id": "rope-1111111111", "status": "ok", "mfu": 0.5,
+                                           "mfu_peak": "bf16"}])
+    rows = {r["run_id"]: r for r in results.read_rows(tmp_path / "runs.csv")}
+    assert rows["rope-0000000000"]["mfu_peak"] == "" and rows["rope-0000000000"]["mfu"] == "0.025"
+    assert rows["rope-1111111111"]["mfu_peak"] == "bf16"
+    assert "mfu_peak" in (tmp_path / "runs.csv").read_text().splitlines()[0].split(",")
 
 
 def test_windowed_layers_count_the_pairs_of_their_span():

@@ -13,6 +13,7 @@ from posbench.commands import frame as to_frame
 from posbench.commands.options import Device, Resume, RunsDir, Schemes, Task, load_plugins, names, scheme_names, \
     settings, takes
 from posbench.errors import did_you_mean
+from posbench.extension import METHODS
 
 # its line in posbench/docs/commands.md, and the pages that explain it
 SUMMARY = "fine-tune trained runs to a longer length with an extension method"
@@ -51,8 +52,8 @@ def extend(
     cfg = settings(t.extend, {k: v for k, v in given.items() if k != "tracker"})
     methods = names(method)
     for name in methods:  # an unknown method: one line before any work
-        if name not in extending.METHODS:
-            raise did_you_mean(name, extending.METHODS, "extension method")
+        if name not in METHODS:
+            raise did_you_mean(name, METHODS, "extension method")
     tracker = given.get("tracker")
     if tracker is not None:
         settings(t.train, {"tracker": tracker})  # an unknown tracker: one line

@@ -53,7 +53,7 @@ def knob_fields(*configs: type, only: Sequence[str] = ()) -> dict[str, tuple[typ
         for f in dataclasses.fields(cls):
             name = flag_name(f)
             if f.metadata.get(FLAG) and (not only or name in only):
-                out[name] = (cls, f)
+                out.setdefault(name, (cls, f))  # a name two configs share is the first one's
     return out
 
 

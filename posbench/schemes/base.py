@@ -251,6 +251,37 @@ class Scheme(nn.Module):
         function over tensors computed outside, each indexed once."""
         return self.bias_fn
 
+    def distance_bias(self, dist: torch.Tensor) -> torch.Tensor:
+        """Optional, for a bias of the distance alone read from a learned table, b_h(i, j) =
+        f_h(pos_i - pos_j) (t5's buckets): f at each distance of `dist` (R,) long, as (H, R). A
+        scheme that defines it has FlexAttention's score_mod read a vector of the window's
+        distances built from it once per forward (`flex_bias`), not the table: the backward then
+        sums each score's gradient into the cell of its distance (2T - 1 cells per head) instead
+        of a few shared buckets, and one gather carries those sums to the table. `bias_fn` stays
+        the definition (the mask and the explicit path); both must give the same values."""
+        raise NotImplementedError
+
+    def flex_bias(self, pos: torch.Tensor):
+        """The function of (h, qpos, kpos) that FlexAttention's score_mod adds, made once per
+        forward over the window's positions `pos` (T,): `flex_bias_fn()`, or for a scheme with
+        `distance_bias` a read of vec[h, qpos - kpos + n - 1], vec (H, 2n - 1) over distances
+        -(n - 1)..n - 1, n the positions' count (max(pos) + 1, or the run's bound inside the
+        compiled training forward; positions are non-negative) rounded up to a power of two, so
+        windows of one length at other offsets reuse the compiled kernel."""
+        if type(self).distance_bias is Scheme.distance_bias:
+            return self.flex_bias_fn()
+        n = 1 << (position_count(pos, self.position_bound) - 1).bit_length()
+        dist = torch.arange(-(n - 1), n, device=pos.device)
+        # a copy in memory order, never a view: FlexAttention's compiled backward drops the
+        # gradient of a captured view
+        vec = self.distance_bias(dist).clone(memory_format=torch.contiguous_format)  # (H, 2n - 1)
+        offset = n - 1
+
+        def fn(h, qpos, kpos):
+            return vec[h, qpos - kpos + offset]
+
+        return fn
+
     def bias(self, pos: torch.Tensor, ctx: Any = None) -> torch.Tensor:
         """The materialized (H, T, T) bias: `bias_fn` on broadcast indices."""
         h = torch.arange(self.n_heads, device=pos.device)[:, None, None]

@@ -100,6 +100,10 @@ class T5Bias(Scheme):
         bucket = t5_bucket(kpos - qpos, False, self.p["num_buckets"], self.p["max_distance"])
         return self.table[bucket, h]
 
+    def distance_bias(self, dist):
+        bucket = t5_bucket(-dist, False, self.p["num_buckets"], self.p["max_distance"])
+        return self.table.t()[:, bucket]  # (H, R)
+
 
 def inverse_softplus(y: torch.Tensor) -> torch.Tensor:
     """x with softplus(x) = y, y > 0."""
@@ -368,3 +372,7 @@ class Tupe(Scheme):
     def bias_fn(self, h, qpos, kpos):
         bucket = t5_bucket(kpos - qpos, False, self.p["num_buckets"], self.p["max_distance"])
         return self.buckets[bucket, h]
+
+    def distance_bias(self, dist):
+        bucket = t5_bucket(-dist, False, self.p["num_buckets"], self.p["max_distance"])
+        return self.buckets.t()[:, bucket]  # (H, R)
