@@ -35,18 +35,19 @@ class Commands(typer.core.TyperGroup):
             raise Interrupted(INTERRUPTED) from None
 
 
-app = typer.Typer(
-    cls=Commands,
-    add_completion=False,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    help="Train tiny language models that differ only in their positional encoding; measure "
-    "how each extrapolates past its training length and what its attention costs.\n\n"
-    "Every command also takes --plugin FILE_OR_MODULE (repeatable: schemes and probes of your own) "
-    "and --debug (a traceback instead of one line; or POSBENCH_DEBUG=1).",
-)
 EPILOG = ("Every command also takes --plugin FILE_OR_MODULE (repeatable: schemes and probes of your own) and "
           "--debug (a traceback instead of one line; or POSBENCH_DEBUG=1).")
+
+
+def build() -> typer.Typer:
+    """The command line: one command per module of posbench.commands, as it stands now."""
+    built = typer.Typer(cls=Commands, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                        help="Train tiny language models that differ only in their positional encoding; measure "
+                             "how each extrapolates past its training length and what its attention costs.\n\n"
+                             + EPILOG)
+    for name in commands.NAMES:
+        built.command(name, epilog=EPILOG)(command_line(name))
+    return built
 
 
 def command_line(name: str):
@@ -68,8 +69,8 @@ def command_line(name: str):
     return run
 
 
-for _name in commands.NAMES:
-    app.command(_name, epilog=EPILOG)(command_line(_name))
+app = build()
+
 
 def common_options(argv: list[str]) -> tuple[list[str], list[str], bool]:
     """The options every command takes, wherever they stand on the line: `--plugin X` (repeatable)

@@ -85,8 +85,3 @@ def mfu_peak(device: torch.device, dtype: str) -> tuple[str, float | None]:
         if pattern in name:
             return precision, peaks[precision]
     return "", None
-
-
-def peak_flops(device: torch.device, dtype: str) -> float | None:
-    """The device's dense peak in the precision a run in `dtype` uses (`mfu_peak`), or None."""
-    return mfu_peak(device, dtype)[1]

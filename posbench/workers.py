@@ -234,7 +234,7 @@ def run_task(task: config.Task, out: Path | str, shard: tuple[int, int] = (1, 1)
     queue = [s.run_id for s in order(specs)]
     by_id = {s.run_id: s for s in specs}
     done = {"trained": 0, "skipped_train": 0, "evaluated": 0, "skipped_eval": 0, "probes": 0,
-            "skipped_probes": 0, "speed": 0, "failed": []}
+            "skipped_probes": 0, "speed": 0, "failed": [], "failed_rows": None}
     job = Job(task, str(out), shard, resume, kind, chosen.threads, None, _plugin_specs(), 0, runner or run_one)
     pool = Pool(job, chosen, min(chosen.workers, len(queue)), log)
     try:
@@ -279,8 +279,9 @@ class Pool:
                             w.ready = True
                         elif what == "done":
                             finished += 1
-                            for k, v in value.items():
-                                done[k] = done[k] + v
+                            for k, v in value.items():  # counts add up; the lines on failed rows join
+                                done[k] = "; ".join(filter(None, (done[k], v))) or None if k == "failed_rows" \
+                                    else done[k] + v
                             self.log(f"{finished}/{total}: {w.run_id} done by worker {slot + 1} in "
                                      f"{time.monotonic() - w.began:.0f} s")
                             w.run_id = None

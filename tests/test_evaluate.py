@@ -12,7 +12,7 @@ from conftest import TINY_MODEL, TINY_TRAIN, tiny_model
 from posbench import results
 from posbench.cli import main
 from posbench.config import EvalConfig
-from posbench.evaluate import evaluate_run, extrapolate, score, windows
+from posbench.evaluate import TrainedScorer, evaluate_run, extrapolate, score, windows
 from posbench.runs import RunSpec
 from posbench.training import train
 
@@ -35,6 +35,10 @@ class ContextPredictor:
 STREAM = torch.arange(5000) % 97
 
 
+def on_cpu(model, cfg: EvalConfig) -> TrainedScorer:
+    return TrainedScorer(model, torch.device("cpu"), "float32", cfg.batch_tokens)
+
+
 def mean_loss(total, count):
     return float(total.sum() / count.sum())
 
@@ -42,7 +46,7 @@ def mean_loss(total, count):
 def test_nonoverlap_scores_every_token_with_known_loss():
     cfg = EvalConfig(tokens=512, batch_tokens=128)
     for length in (16, 64, 128):
-        total, count, *_ = score(ContextPredictor(), STREAM, length, cfg, (16, 64, 128), "cpu", "float32")
+        total, count, *_ = score(on_cpu(ContextPredictor(), cfg), STREAM, length, cfg, (16, 64, 128))
         harmonic = sum(1 / (p + 1) for p in range(length)) / length
         assert mean_loss(total, count) == pytest.approx(harmonic)
         assert count.sum() == 512 and (count == 512 / length).all()
@@ -50,7 +54,7 @@ def test_nonoverlap_scores_every_token_with_known_loss():
 
 def test_sliding_scores_only_last_stride_tokens():
     cfg = EvalConfig(mode="sliding", stride=16, tokens=256)
-    total, count, *_ = score(ContextPredictor(), STREAM, 64, cfg, (64, 128), "cpu", "float32")
+    total, count, *_ = score(on_cpu(ContextPredictor(), cfg), STREAM, 64, cfg, (64, 128))
     assert (count[:48] == 0).all() and (count[48:] == 256 / 16).all()
     expect = sum(1 / (p + 1) for p in range(48, 64)) / 16
     assert mean_loss(total, count) == pytest.approx(expect)
@@ -80,14 +84,14 @@ def test_uniform_model_has_vocabulary_perplexity():
     with torch.no_grad():
         model.head.weight.zero_()
     cfg = EvalConfig(tokens=256)
-    total, count, *_ = score(model, STREAM % 50, 64, cfg, (64,), "cpu", "float32")
+    total, count, *_ = score(on_cpu(model, cfg), STREAM % 50, 64, cfg, (64,))
     assert math.exp(mean_loss(total, count)) == pytest.approx(50, rel=1e-5)
 
 
 def test_batches_bound_attention_memory():
     model = ContextPredictor()
     cfg = EvalConfig(tokens=2048, batch_tokens=1 << 20)
-    score(model, STREAM, 1024, cfg, (1024,), "cpu", "float32")
+    score(on_cpu(model, cfg), STREAM, 1024, cfg, (1024,))
     assert all(b * 1024 * 1024 * 4 <= 512 * 2**20 for b, _ in model.seen)
 
 

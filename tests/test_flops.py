@@ -21,17 +21,17 @@ def test_training_flops_match_a_hand_count():
 
 
 def test_peak_known_for_listed_gpus_only(monkeypatch):
-    assert flops.peak_flops(torch.device("cpu"), "bfloat16") is None
+    assert flops.mfu_peak(torch.device("cpu"), "bfloat16")[1] is None
     names = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12, "NVIDIA H200": 989e12,
              "NVIDIA A100-SXM4-80GB": 312e12, "NVIDIA GeForce GTX 1080": None}
     for name, peak in names.items():
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=name: name)
-        assert flops.peak_flops(torch.device("cuda"), "bfloat16") == peak, name
+        assert flops.mfu_peak(torch.device("cuda"), "bfloat16")[1] == peak, name
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-40GB")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
-    assert flops.peak_flops(torch.device("cuda"), "float32") == 19.5e12
+    assert flops.mfu_peak(torch.device("cuda"), "float32")[1] == 19.5e12
     monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")
-    assert flops.peak_flops(torch.device("cuda"), "float32") == 156e12  # TF32 tensor cores
+    assert flops.mfu_peak(torch.device("cuda"), "float32")[1] == 156e12  # TF32 tensor cores
 
 
 def fake_gpu(monkeypatch, name: str, capability: tuple[int, int], precision: str) -> None:

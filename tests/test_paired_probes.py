@@ -89,17 +89,17 @@ def test_three_seeds_never_reach_the_sign_tests_five_percent(folder):
 
 
 def test_every_seed_is_a_point_in_the_probe_figure(folder, monkeypatch):
-    from posbench import report
+    from posbench import reporting
 
     drawn = {}
-    real = report.results.save_figure
+    real = reporting.results.save_figure
 
     def keep(fig, path, dpi):
         drawn[Path(path).name] = [[tuple(p) for p in c.get_offsets()] for ax in fig.axes for c in ax.collections]
         return real(fig, path, dpi)
 
-    monkeypatch.setattr(report.results, "save_figure", keep)
-    md = report.probes_markdown(results.read_probes(folder), folder)
+    monkeypatch.setattr(reporting.results, "save_figure", keep)
+    md = reporting.probes_markdown(results.read_probes(folder), folder)
     assert "![probe_mqar_seeds](probe_mqar_seeds.png)" in md and (folder / "probe_mqar_seeds.png").stat().st_size > 1000
     panels = drawn["probe_mqar_seeds.png"]  # per length (32, 64), per scheme: the seeds, then the mean
     points = {round(y, 6) for group in panels for x, y in group}
@@ -112,8 +112,8 @@ def test_every_seed_is_a_point_in_the_probe_figure(folder, monkeypatch):
 
 
 def test_one_seed_draws_no_seed_figure(tmp_path):
-    from posbench import report
+    from posbench import reporting
 
     results.merge_rows(tmp_path, "probes", [probe_row("rope", 0, 64, 56, 70), probe_row("none", 0, 64, 48, 80)])
-    md = report.probes_markdown(results.read_probes(tmp_path), tmp_path)
+    md = reporting.probes_markdown(results.read_probes(tmp_path), tmp_path)
     assert not any("_seeds" in line for line in md) and not (tmp_path / "probe_mqar_seeds.png").exists()

@@ -189,4 +189,4 @@ def test_every_api_name_stays_the_function_once_every_module_is_imported():
         importlib.import_module(module.name)
     for name in posbench.API:
         assert callable(getattr(posbench, name)), name
-        assert getattr(posbench, name).__module__ == "posbench.api", name
+        assert getattr(posbench, name).__module__ == f"posbench.commands.{name}", name

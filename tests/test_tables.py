@@ -114,7 +114,7 @@ def documented_commands() -> list[tuple[Path, str]]:
     for page in pages:
         text = page.read_text(encoding="utf-8").replace("\\\n", " ")
         for match in re.finditer(r"posbench table [^`#\n]*", text):
-            if not match.group(0).startswith("posbench table NAME"):  # the synopsis
+            if not match.group(0).startswith(("posbench table NAME", "posbench table [OPTIONS]")):  # synopses
                 found.append((page, match.group(0).strip()))
     return found
 

@@ -10,7 +10,7 @@ from rich.markup import escape
 from posbench import config, layout
 from posbench.commands import console, failed, plain
 from posbench.commands import frame as to_frame
-from posbench.commands.options import Device, Task, ints, load_plugins, names, scheme_names
+from posbench.commands.options import RUNS_DIR, Device, Task, ints, load_plugins, names, scheme_names
 from posbench.errors import PosbenchError
 
 # its line in posbench/docs/commands.md, and the pages that explain it
@@ -23,8 +23,7 @@ def inspect(
     *,
     run: Annotated[Optional[str], typer.Option(help="a trained run's run_id (in --runs-dir): its learned "
                                                     "parameters and its attention by length")] = None,
-    runs_dir: Annotated[Optional[Path], typer.Option(help="trained runs (default runs): with --run, where it "
-                                                          "is; alone, every run of SCHEMES (or all)")] = None,
+    runs_dir: Annotated[Optional[Path], typer.Option(help=RUNS_DIR)] = None,
     task: Task = None,
     train_len: Annotated[Optional[int], typer.Option(help="training length L, marked on every picture (default "
                                                           "the task's)")] = None,
@@ -38,7 +37,8 @@ def inspect(
     progress: bool = False,
 ) -> pd.DataFrame:
     """Pictures of each encoding past the training length (absolute tables, rotary logits and
-    pair angles, biases); with a trained run, its learned parameters and its attention by length
+    pair angles, biases); with a trained run (--run RUN_ID in --runs-dir, default runs), or every
+    run of SCHEMES (or all) in --runs-dir, its learned parameters and its attention by length
     (entropy, distance, sink and far mass in attention.csv); inspect.md links them.
 
     One row per picture (scheme, kind, caption, path); `attrs["pictures"]` holds the arrays drawn."""

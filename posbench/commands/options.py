@@ -23,7 +23,8 @@ from posbench.knobs import FLAG
 Task = Annotated[Optional[str], typer.Option(help="task name in tasks/ or a TOML path; its settings are the "
                                                   "defaults (default: quick)")]
 Device = Annotated[str, typer.Option(help="auto | cpu | cuda")]
-RunsDir = Annotated[Path, typer.Option(help="where the trained runs and runs.csv are")]
+RUNS_DIR = "where the trained runs and runs.csv are"
+RunsDir = Annotated[Path, typer.Option(help=RUNS_DIR)]
 Out = Annotated[Optional[Path], typer.Option(help="where the tables and plots go (the command says its default)")]
 Schemes = Annotated[Optional[List[str]], typer.Option(
     "--schemes", "--scheme", help="only these schemes, presets or layouts (comma-separated or repeated)")]

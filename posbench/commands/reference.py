@@ -14,14 +14,14 @@ END = "<!-- end of the generated reference -->"
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "commands.md"
 
 
-def markdown() -> str:
-    """The reference: a table of the commands with their pages, then each command's options."""
+def markdown(app=None) -> str:
+    """The reference: a table of the commands with their pages, then each command's options (of
+    `app`, default posbench's command line)."""
     import typer
 
-    from posbench import commands
-    from posbench.cli import app
+    from posbench import cli, commands
 
-    group = typer.main.get_command(app)
+    group = typer.main.get_command(app or cli.app)
     lines = [BEGIN, "", "| command | what it does | page |", "|---|---|---|"]
     for name in commands.NAMES:
         module = commands.module(name)

@@ -5,6 +5,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
+from posbench.commands.options import Schemes, names
 from posbench.errors import PosbenchError
 
 # its line in posbench/docs/commands.md, and the pages that explain it
@@ -28,10 +29,11 @@ def table(
     every: Annotated[Optional[int], typer.Option(help="probes, with --curves: a point every this many steps")] = None,
     lengths: Annotated[Optional[str], typer.Option(help="extend, attention: the lengths shown")] = None,
     by_layer: Annotated[Optional[str], typer.Option(help="attention: this measure per layer")] = None,
-    schemes: Annotated[Optional[str], typer.Option(help="attention: these schemes, in this order")] = None,
+    schemes: Schemes = None,
 ) -> str:
     """Print a markdown table made from a results folder's CSVs: the tables of README.md and
-    results/*/README.md, each from the folder beside it.
+    results/*/README.md, each from the folder beside it (--schemes: the attention table's schemes,
+    in that order).
 
     Returns the markdown, without a final newline. Options a table does not take are refused in
     one line (posbench/docs/results.md lists each table's)."""
@@ -39,7 +41,7 @@ def table(
 
     given = {"figure": figure, "seeds": seeds or None, "compact": compact or None, "task": task, "ratios": ratios,
              "pairs": pairs, "curves": curves, "every": every, "lengths": lengths, "by_layer": by_layer,
-             "schemes": schemes}
+             "schemes": ",".join(names(schemes)) if schemes else None}
     if not directory:
         raise PosbenchError("name the results folder: posbench table NAME DIR")
     folders = directory[0] if len(directory) == 1 else directory
