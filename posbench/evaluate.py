@@ -300,6 +300,15 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
     return rows, positions, per_window
 
 
+def record(out: Path, rows: list[dict], positions: list[dict], per_window: list[dict]) -> None:
+    """Merge what a reading measured into out/windows.csv, extrapolation.csv and positions.csv, in
+    that order: positions.csv, last, is what tells a resumed grid that a cell was evaluated. Trained
+    runs and pretrained models alike."""
+    results.merge_rows(out, "windows", per_window)
+    results.merge_rows(out, "extrapolation", rows)
+    results.merge_rows(out, "positions", positions)
+
+
 def failure(e: Exception, length: int) -> str | None:
     """What a row says when scoring at `length` raised `e`: the error's first line, led by the
     plug-in file and line it arose at, and for an index out of range the hint that a finite table
@@ -431,9 +440,7 @@ def extrapolate(runs_dir: Path | str, cfg: EvalConfig, schemes: list[str] | None
             rows, positions, per_window = evaluate_run(run_dir, cfg, device, cache, attention=measured)
             if measured:
                 results.merge_rows(out, "attention", measured)
-            results.merge_rows(out, "windows", per_window)
-            results.merge_rows(out, "extrapolation", rows)
-            results.merge_rows(out, "positions", positions)
+            record(out, rows, positions, per_window)
             all_rows += rows
             bar.advance(task)
     return all_rows

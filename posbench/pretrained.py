@@ -42,9 +42,9 @@ from torch import nn
 from posbench import results
 from posbench.config import EvalConfig, ProbesConfig
 from posbench.data import load_corpus
-from posbench.errors import PosbenchError
-from posbench.evaluate import (ATTN_BYTES, correlated_windows, loss_interval, position_rows, scaling_of, score,
-                               stride_for, window_rows, windows)
+from posbench.errors import PosbenchError, first_line
+from posbench.evaluate import (ATTN_BYTES, correlated_windows, loss_interval, position_rows, record, scaling_of,
+                               score, stride_for, window_rows, windows)
 from posbench.extension import columns as extension_columns
 from posbench.probes import parse_probe
 from posbench.probing import counts, gate, verdict_columns
@@ -329,11 +329,6 @@ def check_architecture(config, spec: str) -> None:
         raise PosbenchError(f"{spec} rotates part of each head only; posbench rescales full-head RoPE only")
 
 
-def first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
-
-
 def gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
@@ -413,9 +408,8 @@ def extrapolate(spec: str, cfg: EvalConfig, data: str, out: Path, task: str, pro
                              **loss_interval(loss, window_loss.tolist(), correlated_windows(cfg.mode, length, row["stride"])),
                              "status": "ok" if math.isfinite(loss) else "failed", "reason": reason})
                 # each cell as it is done: a long reading stopped midway keeps what it measured
-                results.merge_rows(out, "windows", window_rows(row, starts, window_loss))
-                results.merge_rows(out, "positions", position_rows(row, total, count, cfg.position_buckets))
-                results.merge_rows(out, "extrapolation", rows[-1:])
+                record(out, rows[-1:], position_rows(row, total, count, cfg.position_buckets),
+                       window_rows(row, starts, window_loss))
     return rows
 
 

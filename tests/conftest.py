@@ -28,6 +28,13 @@ def _isolated_caches(tmp_path_factory):
     os.environ["HF_HUB_OFFLINE"] = "1"
 
 
+def snapshot(directory: Path) -> dict[str, bytes]:
+    """Every file under `directory` (names and bytes) but lock files: what 'results untouched'
+    compares."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*"))
+            if p.is_file() and not p.name.endswith(".lock")}
+
+
 def write_corpus(directory: Path, n_docs: int = 60, words: int = 400, seed: int = 0) -> Path:
     rng = random.Random(seed)
     directory.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TINY_TASK
+from conftest import TINY_TASK, snapshot
 
 from posbench import cli, results
 from posbench.cli import main
@@ -28,13 +28,6 @@ def fails(argv, capsys, message: str, code: int = 2) -> str:
     assert rv == code, err
     assert len(lines) == 1 and message in lines[0], err
     return lines[0]
-
-
-def snapshot(directory: Path) -> dict[str, bytes]:
-    """Every file under `directory` (names and bytes) but lock files: what 'results untouched'
-    compares."""
-    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*"))
-            if p.is_file() and not p.name.endswith(".lock")}
 
 
 # --- command-line values --------------------------------------------------------------------

@@ -3,14 +3,11 @@
 import shutil
 from pathlib import Path
 
+from conftest import snapshot
 from posbench import results
 from posbench.cli import main
 
 BASELINE = Path(__file__).parents[1] / "results" / "baseline" / "ci"
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
 
 def test_report_on_a_damaged_windows_table_refuses_and_changes_nothing(tmp_path, capsys):
