@@ -50,6 +50,7 @@ from posbench.errors import PosbenchError, first_line, out_of_memory
 from posbench.extension import columns as extension_columns
 from posbench.layout import run_prefix, takes_rope_scaling
 from posbench.positions import evaluation_draws, evaluation_positions
+from posbench.progress import Bar
 from posbench.probes import PROBES, probe_name
 from posbench.schemes import SCHEMES, PositionLimitError
 from posbench.schemes.rotary import RopeScaling
@@ -430,17 +431,14 @@ def extrapolate(runs_dir: Path | str, cfg: EvalConfig, schemes: list[str] | None
         results.read_rows(results.table_path(out, table))
     cache: dict = {}
     all_rows = []
-    from rich.progress import Progress
-
-    with Progress(disable=not progress, transient=True) as bar:
-        task = bar.add_task("extrapolate", total=len(runs))
+    with Bar(progress, "run", lines=False) as bar:
+        bar.start("extrapolate", len(runs))
         for run_dir in runs:
-            bar.update(task, description=run_dir.name)
             measured = [] if attention else None
             rows, positions, per_window = evaluate_run(run_dir, cfg, device, cache, attention=measured)
             if measured:
                 results.merge_rows(out, "attention", measured)
             record(out, rows, positions, per_window)
             all_rows += rows
-            bar.advance(task)
+            bar.step(run_dir.name)
     return all_rows

@@ -31,7 +31,6 @@ import os
 import random
 import re
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +45,7 @@ from posbench.errors import PosbenchError, first_line
 from posbench.evaluate import (ATTN_BYTES, correlated_windows, loss_interval, position_rows, record, scaling_of,
                                score, stride_for, window_rows, windows)
 from posbench.extension import columns as extension_columns
+from posbench.progress import Bar
 from posbench.probes import parse_probe
 from posbench.probing import counts, gate, verdict_columns
 from posbench.schemes.rotary import (TWO_MAPS, RopeScaling, far_keys, far_queries, rope_frequencies, turn_at,
@@ -411,41 +411,6 @@ def extrapolate(spec: str, cfg: EvalConfig, data: str, out: Path, task: str, pro
                 record(out, rows[-1:], position_rows(row, total, count, cfg.position_buckets),
                        window_rows(row, starts, window_loss))
     return rows
-
-
-class Bar:
-    """A progress bar per window on a terminal; a line per window otherwise (a log shows progress)."""
-
-    def __init__(self, progress: bool, unit: str = "window"):
-        self.progress, self.unit = progress, unit
-        self.job = None
-        self.label, self.done, self.total = "", 0, 0
-
-    def __enter__(self):
-        if self.progress:
-            from rich.progress import Progress
-
-            self.bar = Progress(transient=True).__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.progress:
-            self.bar.__exit__(*exc)
-
-    def start(self, label: str, total: int) -> None:
-        self.label, self.done, self.total, self.last = label, 0, total, time.perf_counter()
-        if self.progress:
-            self.job = self.bar.add_task(label, total=total)
-
-    def step(self, note: str) -> None:
-        """One more done; `note` and the seconds since the one before."""
-        now = time.perf_counter()
-        note, self.last = f"{note}, {now - self.last:.0f} s", now
-        self.done += 1
-        if self.progress:
-            self.bar.update(self.job, advance=1, description=f"{self.label}: {note}")
-        else:
-            say(f"{self.label}: {self.unit} {self.done}/{self.total}, {note}")
 
 
 def passkey_prompt(tok, length: int, depth: float, key: str) -> list[int]:
