@@ -31,7 +31,9 @@ DTYPES = ("float32", "bfloat16")
 COMPILE = ("auto", "on", "off")  # torch.compile of the training forward; auto: on for CUDA
 TRACKERS = ("none", "tensorboard", "wandb")  # posbench.trackers
 SCHEDULES = ("cosine", "constant")  # the lr after warm-up (posbench.training.lr_at)
-LENGTH = at_least(2)  # a sequence length: a next-token loss needs two tokens
+MAX_LENGTH = 2**20  # a window longer than a million tokens outgrows any machine posbench runs on
+# a sequence length: a next-token loss needs two tokens; refused before any model is loaded past the bound
+LENGTH = at_least(2) & Range(f"<= {MAX_LENGTH}", lambda v: v <= MAX_LENGTH)
 
 
 def _scaling_factor(v) -> bool:

@@ -228,7 +228,7 @@ def read_rows(path: Path | str, table: str | None = None, required: Iterable[str
     try:
         with open(path, newline="", encoding="utf-8") as f:
             text = f.read()
-            rows = list(csv.DictReader(io.StringIO(text)))
+            rows = list(csv.DictReader(io.StringIO(text), strict=True))  # a quoted cell cut short: an error
     except (UnicodeDecodeError, csv.Error) as e:
         raise PosbenchError(f"{path} is not a readable CSV file: {e}") from None
     table = table or (path.stem if path.stem in TABLES else None)

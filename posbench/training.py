@@ -223,6 +223,9 @@ def _start(spec: RunSpec, runs_dir: Path, dev: torch.device, ddp: Distributed, r
         if ddp.main:
             write_log(run_dir, run.log)  # the view may lag its checkpoint after a kill
     elif ddp.main:
+        if (run_dir / FINAL).exists():  # --overwrite: runs.csv must not call it finished while it retrains
+            results.merge_rows(runs_dir, "runs", [{**row, "status": "partial",
+                                                   "message": "training again from scratch (--overwrite)"}])
         (run_dir / FINAL).unlink(missing_ok=True)
         (run_dir / CHECKPOINT).unlink(missing_ok=True)
     if ddp.main:
@@ -244,7 +247,8 @@ def _loop(run: _Run, progress: bool, stop_after: int | None) -> None:
                 if run.ddp.any(bool(pressed), run.dev):
                     run.checkpoint()
                     raise Interrupted(f"{spec.run_id} checkpointed at step {run.step} of {t.steps}; finished runs "
-                                      "and results are kept (continue with the same command and --resume)")
+                                      "and results are kept (continue with the same command and --resume, "
+                                      "without --overwrite)")
                 entry = _step(run)
                 if t.stop_accuracy and run.ddp.any(learned(entry, t), run.dev):  # no extra collective otherwise
                     stop_at = run.step

@@ -46,6 +46,8 @@ HUGE = "99999999999999999999"
     (["train", "--scheme", "rope", "--seed", HUGE], "seed must be in 0.."),
     (["extrapolate", "--scaling-factor", "nan"], "rope_scaling_factor must be a finite number"),
     (["extrapolate", "--scaling-factor", "-2"], "rope scaling factor must be >= 1"),
+    (["extrapolate", "--model", "gguf:nowhere.gguf", "--lengths", "10000000"],
+     "lengths must be >= 2 and <= 1048576, got 10000000"),
     (["extrapolate", "--scaling-factor", "0.5"], "rope scaling factor must be >= 1"),
     (["extrapolate", "--yarn-alpha", "nan"], "yarn_alpha must be a finite number"),
     (["extrapolate", "--yarn-beta", "inf"], "yarn_beta must be a finite number"),
@@ -149,6 +151,12 @@ def _edit_csv(path: Path, edit) -> None:
     path.write_text(results._to_csv(columns, rows))
 
 
+def _cut_in_quotes(text: str) -> str:
+    """The last row cut inside a quoted last cell, its line ended: every field there, the quote open."""
+    *rows, last = text.splitlines()
+    return "\n".join([*rows, last.rsplit(",", 1)[0] + ',"cut, short']) + "\n"
+
+
 def _first_ok(rows):
     return next(r for r in rows if r["status"] == "ok")
 
@@ -166,6 +174,7 @@ def test_compare_passes_on_itself(capsys, tmp_path):
     (lambda p: p.write_text(""), "is empty"),
     (lambda p: p.write_text(p.read_text().splitlines()[0] + "\n"), "holds no rows"),
     (lambda p: p.write_text(p.read_text()[:-40]), "is truncated"),
+    (lambda p: p.write_text(_cut_in_quotes(p.read_text())), "unexpected end of data"),
     (lambda p: p.write_text("\n".join(p.read_text().splitlines()[:-1] + ["a,b,c"]) + "\n"), "line"),
     (lambda p: p.write_bytes(b"\xff\xfe garbage\n"), "not a readable CSV"),
     (lambda p: p.write_text("scheme,backend,pass\nrope,sdpa,fwd\n"), "lacks columns run_id"),

@@ -45,6 +45,16 @@ def test_train_keeps_a_finished_run_unless_asked_to_overwrite(tiny_data, tmp_pat
     assert main([*args, "--overwrite"]) == 0  # trained again from scratch
     assert model.stat().st_mtime_ns != kept[0]
     assert "2 steps" in capsys.readouterr().out
+    # stopped while it trains again: its weights are gone, and runs.csv no longer calls it finished
+    from posbench import training
+    from posbench.runs import load_spec
+
+    spec, _ = load_spec(run_dir)
+    assert training.train(spec, runs, device="cpu", progress=False, overwrite=True, stop_after=1).row["status"] == \
+        "partial"
+    (row,) = results.read_rows(table)
+    assert not model.exists() and row["status"] == "partial" and "--overwrite" in row["message"]
+    assert main(args) == 0 and "already trained" not in capsys.readouterr().out  # not kept as finished: trained
 
 
 def test_effective_lengths_of_different_criteria_stand_side_by_side(tmp_path, capsys):

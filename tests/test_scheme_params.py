@@ -9,7 +9,7 @@ from posbench.errors import PosbenchError
 from posbench.schemes import SCHEMES, Scheme, at_least, between, one_of, positive, register
 from posbench.schemes.base import MAX_INT, coerce_params
 
-HUGE = {int: MAX_INT, float: 1e30}
+HUGE = {int: MAX_INT, float: float(MAX_INT)}  # the largest any parameter may be
 NUMERIC = [(name, key) for name in sorted(SCHEMES) for key, value in SCHEMES[name].defaults.items()
            if type(value) in HUGE]
 
@@ -27,6 +27,12 @@ def test_every_numeric_parameter_is_refused_or_finite_at_extremes(name, key):
         with torch.no_grad():
             out = model(torch.randint(0, 50, (1, 16)))
         assert torch.isfinite(out).all(), f"{name}: {key}={value} accepted, but the forward is not finite"
+
+
+@pytest.mark.parametrize("scheme, key", [("rope", "base"), ("xpos", "gamma"), ("fire", "c"), ("fire", "L")])
+def test_a_float_beyond_the_bound_is_refused_even_where_the_range_is_open(scheme, key):
+    with pytest.raises(PosbenchError, match=f"parameter {key} of scheme '{scheme}' is too large: 1e\\+300"):
+        coerce_params(SCHEMES[scheme], {key: "1e300"})
 
 
 @pytest.mark.parametrize("name", sorted(n for n in SCHEMES if SCHEMES[n].plugin_source is None))

@@ -49,11 +49,12 @@ MAX_INT = 2**31 - 1  # bounds every integer setting: larger ones overflow tensor
 
 
 def check_number(value: Any, what: str) -> Any:
-    """`value` when it is a finite number of at most MAX_INT (else one-line error naming `what`);
-    anything else as it is. A nan parameter would train to a nan loss, an inf one overflow."""
+    """`value` when it is a finite number of at most MAX_INT in size, integer or not (else one-line
+    error naming `what`); anything else as it is. A nan parameter would train to a nan loss, an inf
+    one overflow, and so would 1e300 in any formula that squares or exponentiates it."""
     if isinstance(value, float) and not math.isfinite(value):
         raise PosbenchError(f"{what} must be a finite number, got {value}")
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > MAX_INT:
         raise PosbenchError(f"{what} is too large: {value} (at most {MAX_INT})")
     return value
 
