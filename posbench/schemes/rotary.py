@@ -1,5 +1,5 @@
 """Rotary schemes: q and k rotated by position in every attention layer (posbench/docs/schemes.md:
-rope, p-rope, resonance, pope, fope, xpos, grape, selective-rope).
+rope, p-rope, resonance, rope-pp, pope, fope, xpos, grape, selective-rope).
 
 Layout: half-split (GPT-NeoX): pair t is (x_t, x_{t + r/2}), t < r/2, over the r rotated dims. It
 equals the interleaved layout of the RoFormer paper up to a fixed permutation of head dimensions,
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posbench.errors import PosbenchError, did_you_mean
-from posbench.schemes.base import Scheme, at_least, between, frequency_base, positive, size
+from posbench.schemes.base import Scheme, at_least, between, frequency_base, one_of, positive, size
 from posbench.schemes.registry import register
 from posbench.schemes.tables import GrowingTable, position_count
 
@@ -408,6 +408,83 @@ class Resonance(RoPE):
     def build_table(self, length):
         inv, mscale = self.frequencies(length)
         return angle_table(inv, mscale, period=integer_wavelengths(inv))
+
+
+def quarter_turn(x: torch.Tensor) -> torch.Tensor:
+    """x (..., D) with every half-split pair (x_t, x_{t + D/2}) turned by -pi/2: (x_{t + D/2}, -x_t),
+    `rotate_half` at cos = 0, sin = -1."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x2, -x1], dim=-1)
+
+
+@register
+class RopePP(RoPE):
+    """RoPE++ ("Beyond Real: Imaginary Extension of Rotary Position Embeddings for Long-Context
+    LLMs", arXiv 2512.07525; OpenMOSS/rope_pp, mirrored as alphaXiv/rope_pp). With each pair as a
+    complex number q~_t = q_t + i q_{t + D/2} (half-split, as here) and RoPE turning q at m by
+    e^{i m theta_t}, RoPE's logit is the real part of z = sum_t q~_t conj(k~_t) e^{i theta_t (m - n)};
+    RoPE++ adds heads whose logit is its imaginary part,
+
+        Im z = sum_t (q_t k_t + q'_t k'_t) sin(theta_t (m - n)) - (q_t k'_t - q'_t k_t) cos(theta_t (m - n))
+
+    (q'_t = q_{t + D/2}), RoPE's logit with q turned by -pi/2 in every pair before RoPE
+    (`quarter_turn`; the reference's `q * sin - rotate_half(q) * cos` in `apply_rotary_pos_emb`).
+    The paper writes it -Im[sum q~ k~* e^{-i theta (m - n)}], its complex numbers the conjugates of
+    these. An imaginary head reads the query and key of its real head: with its own projections it
+    would be a RoPE head, the quarter turn absorbed into W_q.
+
+    variant `eh` (equal heads, the reference's `imag1`): heads 2j and 2j + 1 form a pair, 2j real,
+    2j + 1 imaginary, both on head 2j's query and key (the reference stacks [real, imag] per query
+    head over H/2 query and key heads), so the head count stays H and half the heads are
+    imaginary; the rows of W_q and W_k of the odd heads are unused. The hooks see q and k only, so
+    each head keeps its own value projection, where the reference's pair reads one value head.
+    variant `ec` (equal cache, `imag2`) gives every one of the H query heads a real and an
+    imaginary head over the same key and value head: 2H attention heads and a 2d -> d output
+    projection, which the model's attention (H heads, out d -> d) has no hook for; it is refused.
+
+    Eval-time scaling as `rope` (the reference fine-tunes RoPE++ with PI and YaRN): the quarter
+    turn commutes with every rotation of the pair, so the policies act on the turned query
+    unchanged, the two-map ones (self-extend, rerope) included. Scale 1/sqrt(D) as the reference.
+    Path: sdpa-causal (flash on CUDA)."""
+
+    name = "rope-pp"
+    formula = ("rope, and in every head pair (2j, 2j+1) head 2j+1 reads head 2j's q and k with q turned by -pi/2 "
+               "per pair: s_mn = Im[sum_t q~_t conj(k~_t) e^{i theta_t (m - n)}] / sqrt(D), theta_t = base^(-2t/D)")
+    reference = "arXiv:2512.07525 (OpenMOSS/rope_pp, modeling_llama_rope_pp.py)"
+    notes = ("half-split pairs; variant eh: odd heads imaginary on the even head's q and k, own v "
+             "(the reference shares v too); ec (2H heads, 2d -> d output) refused; eval-time scaling as rope")
+    defaults = {"base": 10000.0, "variant": "eh"}
+    ranges = {"base": frequency_base, "variant": one_of("eh", "ec")}
+    added_params = ()
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        if self.p["variant"] == "ec":
+            raise PosbenchError("rope-pp variant=ec needs 2 x n_heads attention heads over n_heads keys and values "
+                                "and a 2d -> d output projection, which posbench's attention does not have; "
+                                "use variant=eh")
+        if self.n_heads % 2:
+            raise PosbenchError(f"rope-pp variant=eh pairs each real head with an imaginary one: n_heads must be "
+                                f"even, got {self.n_heads}")
+
+    def _rotary_dim(self) -> int:
+        if self.head_dim % 2:
+            raise PosbenchError(f"{self.name} needs an even head dimension, got {self.head_dim}")
+        return self.head_dim
+
+    def pair(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k (B, H, T, D) -> the heads RoPE turns: head 2j + 1 takes head 2j's key and its query
+        turned by -pi/2 in every pair."""
+        real_q, real_k = q[:, 0::2], k[:, 0::2]  # (B, H/2, T, D)
+        q = torch.stack([real_q, quarter_turn(real_q)], dim=2).flatten(1, 2)
+        k = torch.stack([real_k, real_k], dim=2).flatten(1, 2)
+        return q, k
+
+    def rotate(self, q, k, pos, ctx, layer):
+        return super().rotate(*self.pair(q, k), pos, ctx, layer)
+
+    def logits(self, q, k, pos, ctx, layer):
+        return super().logits(*self.pair(q, k), pos, ctx, layer)
 
 
 @register
