@@ -1,4 +1,4 @@
-"""The 2025-26 schemes of the catalogue: pope, dape, fope, resonance (cable sits with fox in
+"""The 2025-26 schemes of the catalogue: pope, dape, fope, resonance, rope-pp (cable sits with fox in
 test_schemes_gates.py). Each is checked against its reference's formula, with numbers computed
 from it, and trained and extrapolated to 16x from the command line."""
 
@@ -320,6 +320,153 @@ def test_resonance_yarn_rounds_after_yarn():
     assert torch.equal(got, 2 * math.pi / (2 * math.pi / ref).round())
     assert mscale == ref_mscale == pytest.approx(0.1 * math.log(8) + 1)
     assert not torch.equal(got, scheme.frequencies(64)[0])
+
+
+# --- rope-pp -----------------------------------------------------------------------------------
+
+def complex_pairs(x):
+    """(..., D) -> (..., D/2) complex: pair t as x_t + i x_{t + D/2} (half-split)."""
+    x1, x2 = x.double().chunk(2, dim=-1)
+    return torch.complex(x1, x2)
+
+
+def complex_rope_product(qc, kc, pos, sign=1, base=10000.0):
+    """z[t, s] = sum_p qc_p(t) conj(kc_p(s)) e^{sign i theta_p (pos_t - pos_s)} per head: qc, kc
+    (B, H, T, D/2) complex -> (B, H, T, T) complex128, computed with torch's complex numbers alone."""
+    d = 2 * qc.shape[-1]
+    theta = base ** -(torch.arange(0, d, 2, dtype=torch.float64) / d)  # (D/2,)
+    phase = sign * (pos[:, None, None] - pos[None, :, None]).double() * theta  # (T, T, D/2)
+    return (qc[..., :, None, :] * kc[..., None, :, :].conj() * torch.polar(torch.ones_like(phase), phase)).sum(-1)
+
+
+def test_rope_pp_imaginary_heads_are_the_imaginary_part_of_ropes_complex_product():
+    """Head 2j is RoPE on head 2j's q and k: Re z. Head 2j + 1 reads the same q and k and gives
+    Im z = -Im[sum conj(q~) k~ e^{-i theta (m - n)}] (the paper's form, its q~ the conjugate), which
+    is also RoPE's logit with q turned by -pi/2 in each pair (q~ times -i); heads 1 and 3's own q, k
+    are never read."""
+    scheme, rope = make("rope-pp", d_head=8, heads=4), make("rope", d_head=8, heads=4)
+    pos = torch.tensor([0, 3, 4, 9, 30])
+    q, k = torch.randn(2, 1, 4, 5, 8).unbind(0)
+    with torch.no_grad():
+        got = qk_logits(scheme, q, k, pos).double()
+    qc, kc = complex_pairs(q[:, 0::2]), complex_pairs(k[:, 0::2])  # the real heads' q and k
+    z = complex_rope_product(qc, kc, pos) / math.sqrt(8)
+    assert torch.allclose(got[:, 0::2], z.real, atol=1e-5)
+    assert torch.allclose(got[:, 1::2], z.imag, atol=1e-5)
+    paper = -complex_rope_product(qc.conj(), kc.conj(), pos, sign=-1).imag / math.sqrt(8)
+    assert torch.allclose(got[:, 1::2], paper, atol=1e-5)
+    assert not torch.allclose(got[:, 0::2], got[:, 1::2], atol=1e-2)
+    # -pi/2 per pair: q~ * (-i), back to half-split reals, through plain RoPE
+    turned = complex_pairs(q) * -1j
+    turned = torch.cat([turned.real, turned.imag], dim=-1).float()
+    with torch.no_grad():
+        via_rope = qk_logits(rope, turned, k, pos)
+    assert torch.allclose(got[:, 1::2], via_rope[:, 0::2].double(), atol=1e-5)
+    other_q, other_k = q.clone(), k.clone()
+    other_q[:, 1::2], other_k[:, 1::2] = 5.0, -3.0
+    with torch.no_grad():
+        assert torch.equal(qk_logits(scheme, other_q, other_k, pos).double(), got)
+
+
+def test_rope_pp_logits_depend_on_the_distance_alone():
+    scheme = make("rope-pp", d_head=8, heads=4)
+    q, k = torch.randn(2, 1, 4, 6, 8).unbind(0)
+    pos = torch.tensor([0, 1, 2, 5, 6, 11])
+    with torch.no_grad():
+        a = qk_logits(scheme, q, k, pos)
+        b = qk_logits(scheme, q, k, pos + 1000)
+        c = qk_logits(scheme, q, k, pos * 2)  # distances doubled: other logits
+    assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
+    assert not torch.allclose(a, c, atol=1e-3)
+
+
+def reference_rope_pp_eh(q, k, pos, base=10000.0):
+    """Re-derived from OpenMOSS/rope_pp, rope_pp/modeling_llama_rope_pp.py: LlamaRotaryEmbedding
+    (cos, sin of cat(freqs, freqs)), LlamaAttention.apply_rotary_pos_emb with imag_mode 'imag1'
+    (q_rope = q cos + rotate_half(q) sin, q_imag = q sin - rotate_half(q) cos, stacked per query
+    head as [real, imag]) and repeat_kv over the doubled key groups, then q.k * head_dim^-0.5.
+    q, k (B, H/2, T, D) -> (B, H, T, T)."""
+    b, h, t, d = q.shape
+    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    freqs = pos.double()[:, None] * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+
+    def rotate_half(x):
+        return torch.cat([-x[..., d // 2:], x[..., : d // 2]], dim=-1)
+
+    q, k = q.double(), k.double()
+    q_rope = q * cos + rotate_half(q) * sin
+    q_imag = q * sin - rotate_half(q) * cos
+    k_rope = k * cos + rotate_half(k) * sin
+    q_all = torch.stack([q_rope, q_imag], dim=2).reshape(b, 2 * h, t, d)
+    k_all = k_rope[:, :, None].expand(b, h, 2, t, d).reshape(b, 2 * h, t, d)
+    return q_all @ k_all.transpose(-1, -2) * d**-0.5
+
+
+def test_rope_pp_equals_the_reference_computation():
+    scheme = make("rope-pp", d_head=8, heads=4, base=500.0)
+    pos = torch.tensor([2, 3, 7, 8, 40])
+    q, k = torch.randn(2, 1, 4, 5, 8).unbind(0)
+    with torch.no_grad():
+        got = qk_logits(scheme, q, k, pos).double()
+    want = reference_rope_pp_eh(q[:, 0::2], k[:, 0::2], pos, base=500.0)
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+    # by hand, D = 2 (theta = 1), query at 3, key at 1: q = (1, 0), k = (1, 0) gives cos 2 / sqrt 2
+    # and sin 2 / sqrt 2; q = (0, 1) gives -sin 2 / sqrt 2 (real) and cos 2 / sqrt 2 (imaginary)
+    small = make("rope-pp", d_head=2, heads=2, layers=1)
+    k = torch.tensor([[0.0, 0.0], [1.0, 0.0]]).view(1, 1, 2, 2).expand(1, 2, 2, 2)
+    pos = torch.tensor([3, 1])
+    for q0, real, imag in (((1.0, 0.0), -0.29426025, 0.64297038), ((0.0, 1.0), -0.64297038, -0.29426025)):
+        q = torch.tensor([q0, (0.0, 0.0)]).view(1, 1, 2, 2).expand(1, 2, 2, 2)
+        with torch.no_grad():
+            logits = qk_logits(small, q, k, pos)[0, :, 0, 1]
+        assert logits.tolist() == pytest.approx([real, imag], abs=1e-6)
+        assert reference_rope_pp_eh(q[:, :1], k[:, :1], pos)[0, :, 0, 1].tolist() == pytest.approx([real, imag])
+
+
+def test_rope_pp_two_map_policies_read_the_paired_heads():
+    """Under rerope with a window past the window's length every logit is the near map's, plain
+    RoPE: the logits hook pairs the heads as the qk hook does."""
+    from posbench.schemes.rotary import RopeScaling
+
+    scheme = make("rope-pp", d_head=8, heads=4)
+    pos = torch.arange(6) + 4
+    q, k = torch.randn(2, 1, 4, 6, 8).unbind(0)
+    with torch.no_grad():
+        want = qk_logits(scheme, q, k, pos)
+        scheme.set_scaling(RopeScaling("rerope", window=64))
+        assert scheme.hooks == ("logits",)
+        got = scheme.logits(q, k, pos, None, 0)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_rope_pp_refuses_equal_cache_and_odd_heads_in_one_line(capsys):
+    with pytest.raises(PosbenchError, match="variant=ec needs 2 x n_heads attention heads"):
+        make("rope-pp", variant="ec")
+    with pytest.raises(PosbenchError, match="n_heads must be even, got 3"):
+        make("rope-pp", heads=3)
+    assert main(["check", "rope-pp", "--param", "variant=ec", "--skip", "cost"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: rope-pp variant=ec") and "use variant=eh" in err[0]
+    assert main(["check", "rope-pp", "--skip", "cost"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "pass translation" in "\n".join(out) and not [line for line in out if line.startswith("fail")]
+    assert out[-1] == "rope-pp: 11 of 11 properties without a fail"
+
+
+def test_rope_pp_trains_and_extrapolates_to_16x_with_yarn_from_the_command_line(corpus_dir, tmp_path):
+    common = ["--data", f"files:{corpus_dir}", "--runs-dir", str(tmp_path), "--train-len", "16",
+              "--steps", "3", "--batch-size", "4", "--d-model", "32", "--layers", "1", "--heads", "2",
+              "--tokenizer", "bytes", "--device", "cpu"]
+    assert main(["train", "--scheme", "rope-pp", *common]) == 0
+    assert main(["extrapolate", "--runs-dir", str(tmp_path), "--lengths", "16,256", "--tokens", "256",
+                 "--device", "cpu", "--rope-scaling", "none,yarn"]) == 0
+    rows = results.read_rows(tmp_path / "extrapolation.csv")
+    assert {(r["scheme"], int(r["eval_len"]), r["scaling"]) for r in rows} == {
+        ("rope-pp", n, s) for n in (16, 256) for s in ("none", "yarn")}
+    assert all(r["status"] == "ok" and math.isfinite(float(r["ppl"])) for r in rows)
+    assert [r["backend"] for r in results.read_rows(tmp_path / "runs.csv")] == ["sdpa-causal"]
 
 
 # --- all of them from the command line ---------------------------------------------------------
