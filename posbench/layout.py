@@ -343,7 +343,7 @@ def recorded(name: str) -> str:
 
 
 def without_rope(name: str) -> str:
-    """The scheme or layout `name` with every RoPE-family layer (rope, p-rope, resonance: those
+    """The scheme or layout `name` with every RoPE-family layer (rope, p-rope, resonance, rope-pp: those
     that take a RoPE scaling) replaced by NoPE, its span, temperature and modifiers kept: the
     child of a DroPE extension (posbench.extending). The recorded name: ``none`` for ``rope``."""
     parsed = parse(name)
@@ -359,7 +359,7 @@ def run_prefix(name: str) -> str:
 
 def takes_rope_scaling(name: str) -> bool:
     """Whether a layer of scheme, preset or spec `name` takes an eval-time RoPE scaling (its scheme
-    has `set_scaling`: rope, p-rope, resonance)."""
+    has `set_scaling`: rope, p-rope, resonance, rope-pp)."""
     return any(hasattr(get_scheme(lay.scheme), "set_scaling") for lay in parse(name).pattern)
 
 

@@ -223,8 +223,8 @@ def test_a_rope_scaling_that_skips_schemes_says_so_in_one_line(trained, tiny_dat
     assert {(r["scheme"], r["scaling"]) for r in rows} == {("pope", "none"), ("fope", "none"), ("rope", "none"),
                                                            ("rope", "yarn")}
     assert capsys.readouterr().err.strip().splitlines() == [
-        "note: --rope-scaling yarn applies to p-rope, resonance, rope and the layouts with them; fope, pope take "
-        "none: their rows are `none` only"]
+        "note: --rope-scaling yarn applies to p-rope, resonance, rope, rope-pp and the layouts with them; fope, pope "
+        "take none: their rows are `none` only"]
     assert main([*args, "--scheme", "rope", "--rope-scaling", "none,yarn"]) == 0  # nothing skipped: nothing said
     assert main([*args, "--scheme", "pope"]) == 0  # nothing asked: nothing said
     assert capsys.readouterr().err.strip() == ""

@@ -450,7 +450,8 @@ class RopePP(RoPE):
     name = "rope-pp"
     formula = ("rope, and in every head pair (2j, 2j+1) head 2j+1 reads head 2j's q and k with q turned by -pi/2 "
                "per pair: s_mn = Im[sum_t q~_t conj(k~_t) e^{i theta_t (m - n)}] / sqrt(D), theta_t = base^(-2t/D)")
-    reference = "arXiv:2512.07525 (OpenMOSS/rope_pp, modeling_llama_rope_pp.py)"
+    reference = ("RoPE++, \"Beyond Real: Imaginary Extension of Rotary Position Embeddings for Long-Context LLMs\", "
+                 "arXiv:2512.07525 (OpenMOSS/rope_pp)")
     notes = ("half-split pairs; variant eh: odd heads imaginary on the even head's q and k, own v "
              "(the reference shares v too); ec (2H heads, 2d -> d output) refused; eval-time scaling as rope")
     defaults = {"base": 10000.0, "variant": "eh"}
