@@ -240,7 +240,7 @@ def test_contexts_built_once_per_scheme_and_span(monkeypatch):
     ("none+llama4:beta=0.1", "none+llama4"),
     ("rope@full+logn", "rope+logn"),
     ("rnope-swa", "rnope-swa"),
-    ("rope:base=1e20@w", "rope:base=1e20@w"),
+    ("rope:base=2e9@w", "rope:base=2000000000.0@w"),
 ])
 def test_canonical_form(spec, canonical):
     assert layout.check(spec) == canonical
@@ -249,6 +249,7 @@ def test_canonical_form(spec, canonical):
 
 @pytest.mark.parametrize("spec,message", [
     ("rope//none", "empty layer"),
+    ("rope:base=1e20@w", "parameter base of scheme 'rope' is too large"),
     ("rope/", "empty layer"),
     ("rope@x4", "span 'x4'"),
     ("rope@w0", "span 'w0'"),
