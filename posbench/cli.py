@@ -10,10 +10,9 @@ import sys
 
 import click
 import typer
-from rich.markup import escape
 
 from posbench import commands, plugins
-from posbench.commands import console, err
+from posbench.commands import err, plain
 from posbench.commands.options import API_ONLY
 from posbench.errors import Interrupted, PosbenchError, out_of_memory
 
@@ -60,7 +59,7 @@ def command_line(name: str):
 
     @functools.wraps(fn)
     def run(**kwargs):
-        extra = {"progress": sys.stderr.isatty(), "log": lambda m: console.print(f"[dim]{escape(m)}[/]")}
+        extra = {"progress": sys.stderr.isatty(), "log": plain}  # what a command says while it works
         return module.show(fn(**kwargs, **{k: extra[k] for k in passes}))
 
     run.__doc__ = " ".join(inspect.cleandoc(fn.__doc__).split("\n\n")[0].split())  # the rest speaks to Python callers

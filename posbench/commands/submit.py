@@ -30,12 +30,14 @@ def submit(
              "; & | < > ( ) ` $ \\")] = None,
     dry_run: Annotated[bool, typer.Option(help="write and print the scripts; submit nothing")] = False,
     wait: Annotated[bool, typer.Option(help="wait for the shards and the merge; exit 1 naming failed shards")] = False,
+    log=None,
 ) -> dict:
     """Run a grid on a Slurm cluster: a job array of shards (each resumable, requeued on
     preemption) and a merge job that writes the report once all succeeded (--out, default
     runs/TASK).
 
-    Returns the plan, and unless --dry-run the submission and the failed shards."""
+    Returns the plan, and unless --dry-run the submission and the failed shards; `log` hears where
+    the jobs and their logs are as soon as they are submitted, before any wait."""
     from posbench import cluster
 
     resources = cluster.Resources(gpus=gpus_per_shard, cpus=cpus_per_shard, time=time_limit,
@@ -45,7 +47,17 @@ def submit(
     if dry_run:
         return {"plan": plan, "dry_run": True}
     job = cluster.Submission(plan, wait)
+    for line in submitted(plan, job):
+        (log or (lambda m: None))(line)
     return {"plan": plan, "job": job, "wait": wait, "failed": job.wait() if wait else []}
+
+
+def submitted(plan, job) -> list[str]:
+    """Where the shards and the merge job are, their logs and results."""
+    return [f"shards: job {job.array_id} (array 1-{plan.shards}), logs {plan.logs}/shard-I.log, results "
+            f"{plan.out}/shards/I",
+            f"merge: job {job.merge_id} after all shards succeed, log {plan.log('merge')}, report "
+            f"{Path(plan.out) / 'report.md'}"]
 
 
 def show(result: dict) -> int:
@@ -56,10 +68,7 @@ def show(result: dict) -> int:
         print(f"# submitted by: {shlex.join(plan.sbatch_array())}")
         print(f"#          and: {shlex.join(plan.sbatch_merge('ARRAY_JOB_ID'))}")
         return 0
-    job, shards = result["job"], plan.shards
-    plain(f"shards: job {job.array_id} (array 1-{shards}), logs {plan.logs}/shard-I.log, results {plan.out}/shards/I")
-    plain(f"merge: job {job.merge_id} after all shards succeed, log {plan.log('merge')}, report "
-          f"{Path(plan.out) / 'report.md'}")
+    job = result["job"]
     if not result["wait"]:
         plain(f"watch: squeue -j {job.array_id},{job.merge_id}")
         return 0
