@@ -34,7 +34,7 @@ from typing import Any, Callable
 import torch
 from safetensors.torch import load, save
 
-from posbench import attention, catalogue, layout
+from posbench import attention, catalogue, layout, plugins
 from posbench.errors import PosbenchError, first_line
 from posbench.model import ModelConfig, Transformer
 from posbench.schemes import Dims, PositionLimitError
@@ -385,7 +385,7 @@ def check(name: str, params: dict[str, Any] | None = None, skip: tuple[str, ...]
             continue
         try:
             out.append(fn(name, params))
-        except Exception as e:  # the scheme's own code failed: that is the finding
+        except Exception as e:  # the scheme's own code failed: that is the finding, a plug-in's by file and line
             last = str(e).strip().splitlines()[-1] if str(e).strip() else ""
-            out.append(Finding(prop, "fail", f"{type(e).__name__}: {last}"[:300]))
+            out.append(Finding(prop, "fail", (plugins.blame(e) or f"{type(e).__name__}: {last}")[:300]))
     return out

@@ -181,10 +181,12 @@ def claim(directory: Path, what: str, setup: tuple[str, ...] = ()):
     """Hold `directory` for one writer: a second process gets one clear line instead of writing
     into the same files. Temp files a killed writer left there are removed. A directory this call
     created is removed again when the work fails before writing a file into it other than the
-    `setup` files (a run's config.json): a full disk, a folder that cannot be written, bad input,
+    `setup` files (a run's config.json), and so are the folders above it that it made (a runs
+    folder named for the first time): a full disk, a folder that cannot be written, bad input,
     Ctrl-C leave no run directory behind."""
     lock_path = directory / ".lock"
     created = not directory.exists()
+    made_above = [p for p in directory.parents if not p.exists()]  # nearest first
     try:
         with _flock(lock_path, wait=False):
             remove_stale_temps(directory)
@@ -199,6 +201,10 @@ def claim(directory: Path, what: str, setup: tuple[str, ...] = ()):
             for name in (".lock", *setup):
                 (directory / name).unlink(missing_ok=True)
             directory.rmdir()
+            for parent in made_above:
+                if not parent.is_dir() or any(parent.iterdir()):
+                    break
+                parent.rmdir()
         raise
 
 

@@ -269,7 +269,7 @@ def test_a_plugin_whose_init_raises_is_one_line(registry, tmp_path, monkeypatch,
         return
     assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert f"plugin {plugin}: line 18: ValueError: no table for " in err, err
-    assert not list(tmp_path.glob("runs/*")) and not (tmp_path / "pictures").exists()  # no run folder, no picture
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "pictures").exists()  # no runs folder, no picture
 
 
 def test_a_plugin_that_fails_while_drawn_is_one_line(registry, tmp_path, monkeypatch, capsys):
@@ -321,6 +321,35 @@ def test_check_catches_planted_defects(registry, tmp_path, monkeypatch, capsys, 
     out = capsys.readouterr().out
     failed = [line for line in out.splitlines() if line.startswith("fail")]
     assert prop in [line.split("  ")[0].removeprefix("fail ").strip() for line in failed], out
+
+
+# A bias whose hook raises whenever it runs: every property that runs the model fails by its line.
+RAISER = """
+import torch
+from posbench.schemes import Scheme, register
+
+
+@register
+class Raiser(Scheme):
+    name = "raiser"
+    family = "bias"
+    hooks = ("bias",)
+    relative = True
+
+    def bias_fn(self, h, qpos, kpos):
+        raise ValueError("no bias today")
+"""
+
+
+def test_a_plugin_that_raises_inside_a_property_is_named_by_file_and_line(registry, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "raiser.py", RAISER)
+    plugins.load_all(["raiser.py"])
+    findings = check("raiser", skip=("cost", "compiled graph", "flex backward"))
+    causality = next(f for f in findings if f.prop == "causality")
+    line = next(i for i, text in enumerate(RAISER.splitlines(), start=1) if "raise ValueError" in text)
+    assert causality.status == "fail" and causality.detail == (
+        f"plugin {(tmp_path / 'raiser.py').resolve()}: line {line}: ValueError: no bias today"), causality
 
 
 def test_causality_grows_the_sequence_on_every_path(registry, tmp_path, monkeypatch, capsys):
