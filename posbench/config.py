@@ -14,7 +14,7 @@ import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from posbench import plugins
 from posbench.data import DataConfig
@@ -452,14 +452,23 @@ def replace(obj, **changes):
     return new
 
 
-def parse_int_list(text: str, what: str = "lengths") -> tuple[int, ...]:
+def parse_list(value: str | Iterable, item: type, what: str) -> tuple:
+    """A list option as the command line gives it ("64,128") or as Python does ([64, 128]): its
+    items of type `item`, one line when one is not, or when there are none."""
+    parts = value.split(",") if isinstance(value, str) else list(value)
+    parts = [p.strip() if isinstance(p, str) else p for p in parts]
+    parts = [p for p in parts if p != ""]
+    if not parts:
+        raise PosbenchError(f"bad {what} {value!r}: empty")
     try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise PosbenchError(f"bad {what} {text!r}: expected comma-separated integers") from None
-    if not values:
-        raise PosbenchError(f"bad {what} {text!r}: empty")
-    return values
+        return tuple(item(p) for p in parts)
+    except (TypeError, ValueError):
+        kind = {int: "integers", float: "numbers"}.get(item, "names")
+        raise PosbenchError(f"bad {what} {value!r}: expected comma-separated {kind}") from None
+
+
+def parse_int_list(text: str, what: str = "lengths") -> tuple[int, ...]:
+    return parse_list(text, int, what)
 
 
 def parse_params(items: list[str] | None) -> dict[str, str]:

@@ -27,7 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 from posbench import results, stats
-from posbench.config import parse_int_list
+from posbench.config import parse_list
 from posbench.errors import PosbenchError, did_you_mean
 from posbench.reporting import label, markdown_table
 
@@ -37,25 +37,11 @@ PathLike = str | Path
 # ---- options ------------------------------------------------------------------------------------
 
 def _ints(value, what: str) -> tuple[int, ...]:
-    """A list of integers given as "1,2,4" (the command line) or as integers."""
-    if isinstance(value, str):
-        return parse_int_list(value, what)
-    try:
-        values = tuple(int(v) for v in value)
-    except (TypeError, ValueError):
-        raise PosbenchError(f"bad {what} {value!r}: expected comma-separated integers") from None
-    if not values:
-        raise PosbenchError(f"bad {what} {value!r}: empty")
-    return values
+    return parse_list(value, int, what)
 
 
 def _words(value, what: str) -> list[str]:
-    """A list of names given as "a,b" (the command line) or as strings."""
-    words = [w.strip() for w in value.split(",")] if isinstance(value, str) else [str(w) for w in value]
-    words = [w for w in words if w]
-    if not words:
-        raise PosbenchError(f"bad {what} {value!r}: empty")
-    return words
+    return list(parse_list(value, str, what))
 
 
 def _rows(directory: Path, table: str, made_by: str) -> list[dict]:

@@ -105,7 +105,7 @@ def settings(obj, given: dict[str, Any]):
             continue
         hint = typing.get_type_hints(type(obj))[f.name]
         if typing.get_origin(hint) is tuple:
-            value = _items(value, typing.get_args(hint)[0], name)
+            value = config.parse_list(value, typing.get_args(hint)[0], name)
         changes[f.name] = value
     return config.replace(obj, **_typed(obj, changes))
 
@@ -113,20 +113,6 @@ def settings(obj, given: dict[str, Any]):
 def _typed(obj, changes: dict[str, Any]) -> dict[str, Any]:
     """The changes with each value of the field's type, checked as a task file's (one line if not)."""
     return {k: config.coerce_field(type(obj), k, list(v) if isinstance(v, tuple) else v) for k, v in changes.items()}
-
-
-def _items(value, item: type, name: str) -> tuple:
-    if isinstance(value, str):
-        parts = [v.strip() for v in value.split(",") if v.strip()]
-    else:
-        parts = list(value)
-    if not parts:
-        raise PosbenchError(f"bad {name} {value!r}: empty")
-    try:
-        return tuple(item(v) for v in parts)
-    except (TypeError, ValueError):
-        kind = {int: "integers", float: "numbers"}.get(item, "names")
-        raise PosbenchError(f"bad {name} {value!r}: expected comma-separated {kind}") from None
 
 
 def names(value: str | Iterable[str] | None) -> tuple[str, ...] | None:
@@ -147,9 +133,7 @@ def scheme_names(value: str | Iterable[str] | None) -> tuple[str, ...] | None:
 
 
 def ints(value: str | Sequence[int] | None, what: str) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    return config.parse_int_list(value if isinstance(value, str) else ",".join(map(str, value)), what)
+    return None if value is None else config.parse_list(value, int, what)
 
 
 def params(value: dict[str, Any] | Sequence[str] | None) -> dict[str, Any]:
