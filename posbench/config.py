@@ -132,6 +132,8 @@ class SpeedConfig:
     dtype: str = knob("float32", "float32 | bfloat16", one_of(*DTYPES), flag=True)
     backward: bool = knob(True, "time forward+backward too", flag=True)
     repeats: int = knob(5, "timed repeats per measurement", positive, flag=True)
+    compile: str = knob("auto", "auto | on | off: torch.compile each layer as training does (auto: on for "
+                        "CUDA)", one_of(*COMPILE), flag=True)
 
 
 @dataclass(frozen=True)

@@ -241,7 +241,7 @@ def run_speed_once(task: Task, out: Path, device: str, log) -> int:
     log("speed")
     rows = run_speed(schemes=list(task.schemes), lengths=list(s.lengths), batch_size=s.batch_size,
                      heads=s.heads, head_dim=s.head_dim, dtype=s.dtype, device=device,
-                     backward=s.backward, repeats=s.repeats, out_dir=out)
+                     backward=s.backward, repeats=s.repeats, compile=s.compile, out_dir=out)
     return len(rows)
 
 

@@ -127,24 +127,29 @@ class Transformer(nn.Module):
         flat = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none")
         return flat.view(targets.shape)
 
-    @torch.no_grad()
     def reserve_positions(self, bound: int, length: int) -> None:
-        """Every training position of the run is below `bound`, in windows of `length`. Check each
-        scheme's limits and grow its tables to the bound here, eagerly, with one forward whose
-        positions span 0..bound-1; the compiled training forward then reads the bound instead of
-        max(pos) (tables.position_count: a device sync and a graph break each) and never
-        rebuilds a table (a recompile)."""
-        for scheme in self.layout.schemes:
-            scheme.position_bound = None  # the check below reads the positions themselves
-        device = next(self.parameters()).device
-        pos = torch.cat([torch.arange(length - 1), torch.tensor([bound - 1])]).to(device)
-        self(torch.zeros(1, length, dtype=torch.long, device=device), pos)
-        for scheme in self.layout.schemes:
-            scheme.position_bound = bound
+        """Every training position of the run is below `bound`, in windows of `length`
+        (`reserve_positions`)."""
+        reserve_positions(self, self.layout.schemes, bound, length)
 
     def token_losses(self, idx, targets, pos=None) -> torch.Tensor:
         """Cross-entropy of every next-token prediction, (B, T), in float32."""
         return self(idx, pos, targets)
+
+
+@torch.no_grad()
+def reserve_positions(net: nn.Module, schemes, bound: int, length: int) -> None:
+    """Check each scheme's limits and grow its tables to `bound` here, eagerly, with one forward of
+    `net` (idx (B, T), pos (T,)) whose positions span 0..bound-1; a compiled forward then reads the
+    bound instead of max(pos) (tables.position_count: a device sync and a graph break each) and
+    never rebuilds a table (a recompile)."""
+    for scheme in schemes:
+        scheme.position_bound = None  # the check below reads the positions themselves
+    device = next(net.parameters()).device
+    pos = torch.cat([torch.arange(length - 1), torch.tensor([bound - 1])]).to(device)
+    net(torch.zeros(1, length, dtype=torch.long, device=device), pos)
+    for scheme in schemes:
+        scheme.position_bound = bound
 
 
 def _one_scheme_keys(module, state_dict, prefix, *args):

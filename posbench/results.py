@@ -90,9 +90,9 @@ TABLES: dict[str, dict[str, list[str]]] = {
                     "parent_run", "extend_method", "extend_len", "extend_steps"] + PROVENANCE,
     },
     "speed": {
-        "key": ["scheme", "backend", "pass", "device", "device_name", "dtype", "batch", "heads",
+        "key": ["scheme", "backend", "compile", "pass", "device", "device_name", "dtype", "batch", "heads",
                 "head_dim", "seq_len"],
-        "columns": ["scheme", "backend", "pass", "device", "device_name", "dtype", "batch", "heads",
+        "columns": ["scheme", "backend", "compile", "pass", "device", "device_name", "dtype", "batch", "heads",
                     "head_dim", "seq_len", "median_ms", "iqr_ms", "tflops", "tokens_per_second",
                     "peak_mem_mb", "ratio_vs_none", "status", "reason", "torch", "posbench",
                     "git_sha", "created"],
@@ -112,7 +112,7 @@ ADDED_LATER: dict[str, set[str]] = {
     "probes": {"acc_lo", "acc_hi", "answers", "exact", "exact_match", "em_lo", "em_hi", "chance", *EXTENSION,
                *MACHINE},
     "effective_length": {"position_draws", *EXTENSION, *MACHINE},
-    "speed": {"device_name"},
+    "speed": {"device_name", "compile"},
 }
 
 # What a cell of these columns holds, in every table that has them (other columns are text). An

@@ -29,6 +29,12 @@ BlockMask skips the blocks outside the span, so its cost grows linearly with the
   FLOATER-style schemes whose position table depends on learned weights pay for rebuilding it
   here, which is their real training cost.
 - bfloat16 is autocast, as in training.
+- compile: as the training forward (`posbench.device.TrainingForward`): `auto` compiles each
+  scheme's layer with torch.compile on CUDA (fixed shapes, one graph per length and pass, its
+  compilation inside the warm-up) and not on CPU; `on` and `off` force it. A compiled layer first
+  reserves its position bound (the longest length), as a compiled training run does, so the graph
+  reads the bound instead of max(pos). A layer that fails to compile is timed eager. Every row
+  says which in `compile` (on, off, fallback) and the attention path in `backend`.
 - tflops: causal attention FLOPs, 2 B H N^2 D forward (half of 4 B H N^2 D) and 3.5 times that
   forward+backward (backward about 2.5x), over the measured time. The time includes projections
   and hooks, so this is a lower bound on the kernel's own rate, comparable across schemes.
@@ -57,11 +63,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from posbench import layout, results
-from posbench.config import DTYPES, check_lengths, parse_int_list
+from posbench.config import COMPILE, DTYPES, check_lengths, parse_int_list
 from posbench.errors import PosbenchError, did_you_mean
-from posbench.model import Attention, ModelConfig
+from posbench.model import Attention, ModelConfig, reserve_positions
 from posbench.schemes import SCHEMES, Dims
-from posbench.device import autocast, resolve_device
+from posbench.device import TrainingForward, autocast, resolve_device
 
 PASSES = ("fwd", "fwd+bwd")
 BASELINE = "none"
@@ -90,6 +96,9 @@ class SchemeLayer(nn.Module):
 
     def backend(self, device) -> str:
         return self.layout.backends(device)
+
+    def reserve_positions(self, bound: int, length: int) -> None:
+        reserve_positions(self, self.layout.schemes, bound, length)
 
 
 class PeakTracker(TorchDispatchMode):
@@ -140,7 +149,7 @@ def device_name(device: torch.device) -> str:
     return f"{model}, {torch.get_num_threads()} threads"
 
 
-def _validate(schemes, lengths, batch_size, heads, head_dim, dtype, repeats, train_len):
+def _validate(schemes, lengths, batch_size, heads, head_dim, dtype, repeats, train_len, compile):
     if isinstance(schemes, str):  # "none,rope", as typed
         schemes = [s.strip() for s in schemes.split(",") if s.strip()]
     if isinstance(lengths, str):
@@ -160,6 +169,8 @@ def _validate(schemes, lengths, batch_size, heads, head_dim, dtype, repeats, tra
             raise PosbenchError(f"{what} must be >= 1, got {value}")
     if dtype not in DTYPES:
         raise did_you_mean(dtype, DTYPES, "dtype")
+    if compile not in COMPILE:
+        raise did_you_mean(compile, COMPILE, "compile setting")
     return names, sorted(set(lengths))
 
 
@@ -176,14 +187,16 @@ def run_speed(
     out_dir: Path | str | None = "runs",
     train_len: int | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
+    compile: str = "auto",
 ) -> list[dict[str, Any]]:
     """Time every scheme (None: the whole registry; `none` always joins) at every length,
     forward and, with `backward`, forward+backward. Returns the rows; with `out_dir`, merges them
     into out_dir/speed.csv and draws this run's rows in out_dir/speed.png. `train_len` (default:
     the shortest length) is what the schemes are told they were trained at; `on_row` sees each
-    row as it is measured (its ratio_vs_none comes at the end)."""
+    row as it is measured (its ratio_vs_none comes at the end). `compile` (auto, on, off) as
+    training's: auto compiles on CUDA (module docstring)."""
     names, lengths = _validate(schemes, lengths, batch_size, heads, head_dim, dtype, repeats,
-                               train_len)
+                               train_len, compile)
     dev = resolve_device(device)
     passes = PASSES if backward else PASSES[:1]
     cfg = ModelConfig(vocab_size=VOCAB, d_model=heads * head_dim, n_layers=1, n_heads=heads)
@@ -195,6 +208,7 @@ def run_speed(
                if k in results.TABLES["speed"]["columns"]}}
 
     layers: dict[str, SchemeLayer | Exception] = {}
+    nets: dict[str, TrainingForward] = {}
     for name in names:
         torch.manual_seed(0)
         depth = len(layout.parse(name).pattern)  # one period
@@ -203,6 +217,11 @@ def run_speed(
             layers[name] = SchemeLayer(built, dataclasses.replace(cfg, n_layers=depth)).to(dev)
         except Exception as e:  # a scheme that cannot be built at these sizes: rows, not a crash
             layers[name] = e
+    for name, layer in layers.items():  # every layer before any call: each one resets dynamo
+        if not isinstance(layer, Exception):
+            nets[name] = TrainingForward(layer, compile, dev)
+            if nets[name].status == "on":
+                layer.reserve_positions(lengths[-1], lengths[0])
 
     rows = []
     for n in lengths:
@@ -211,16 +230,18 @@ def run_speed(
         pos = torch.arange(n, device=dev)
         grad_out = torch.randn(batch_size, n, cfg.d_model, generator=gen).to(dev)
         for pass_ in passes:
-            calls = {name: _call(layer, idx, pos, grad_out, pass_, dtype)
-                     for name, layer in layers.items() if not isinstance(layer, Exception)}
-            measured = _measure(calls, dev, repeats)
+            for net in nets.values():  # a new graph: its compilation may fail, and fall back
+                net.proven = net.status != "on"
+            calls = {name: _call(net, idx, pos, grad_out, pass_, dtype) for name, net in nets.items()}
+            with _cache_room(len(calls)):
+                measured = _measure(calls, dev, repeats)
             for name in names:
                 layer = layers[name]
                 row = {**base, "scheme": name, "pass": pass_, "seq_len": n}
                 if isinstance(layer, Exception):
-                    row.update(backend="", **_failure(layer))
+                    row.update(backend="", compile="", **_failure(layer))
                 else:
-                    row["backend"] = layer.backend(dev)
+                    row.update(backend=layer.backend(dev), compile=nets[name].status)
                     row.update(_per_layer(measured[name], len(layer.attns)))
                 if row["status"] == "ok":
                     row["reason"] = _note(layer.layout, dims)
@@ -262,21 +283,35 @@ def _failure(e: BaseException) -> dict[str, str]:
     return {"status": "failed", "reason": f"{type(e).__name__}: {text}"}
 
 
-def _call(layer, idx, pos, grad_out, pass_, dtype) -> Callable[[], Any]:
+def _cache_room(graphs: int):
+    """Room in dynamo's cache for one compiled graph of every scheme at one length and pass: the
+    layers share `SchemeLayer.forward`, whose entries would otherwise stop at torch's limit of 8
+    and leave the later schemes eager. Earlier lengths' entries are never called again."""
+    import torch._dynamo
+
+    limit = max(torch._dynamo.config.cache_size_limit, 2 * graphs + 8)
+    return torch._dynamo.config.patch(cache_size_limit=limit, accumulated_cache_size_limit=max(
+        torch._dynamo.config.accumulated_cache_size_limit, 64 * limit))
+
+
+def _call(net: TrainingForward, idx, pos, grad_out, pass_, dtype) -> Callable[[], Any]:
+    """One timed call of the layer through `net` (compiled or eager); the first call that compiles
+    falls back to eager if the compiler fails, as in training."""
     dev = idx.device
-    params = [p for p in layer.parameters() if p.requires_grad]
+    params = [p for p in net.net.parameters() if p.requires_grad]
     grad_out = grad_out.to(torch.bfloat16 if dtype == "bfloat16" else torch.float32)  # as y
 
     def fwd():
         with torch.no_grad(), autocast(dev, dtype):
-            return layer(idx, pos)
+            return net(idx, pos)
 
     def fwd_bwd():
         with autocast(dev, dtype):
-            y = layer(idx, pos)  # (B, T, d)
+            y = net(idx, pos)  # (B, T, d)
         return torch.autograd.grad(y, params, grad_out.to(y.dtype), allow_unused=True)
 
-    return fwd if pass_ == "fwd" else fwd_bwd
+    step = fwd if pass_ == "fwd" else fwd_bwd
+    return lambda: net.first_step(step)
 
 
 def _measure(calls: dict[str, Callable[[], Any]], dev: torch.device,
@@ -397,11 +432,13 @@ def speed_tables(rows: list[dict[str, Any]]) -> list:
                             f"{first['head_dim']}")
         table.add_column("scheme")
         table.add_column("backend")
+        table.add_column("compile")
         for n in lengths:
             table.add_column(str(n), justify="right")
         for scheme, cells in by_scheme.items():
-            backend = next(iter(cells.values()))["backend"]
-            table.add_row(scheme, backend, *(_cell(cells.get(n)) for n in lengths))
+            first = next(iter(cells.values()))
+            table.add_row(scheme, first["backend"], first.get("compile", ""),
+                          *(_cell(cells.get(n)) for n in lengths))
         tables.append(table)
     return tables
 

@@ -105,10 +105,56 @@ def test_a_scheme_that_fails_gets_rows_with_the_reason(monkeypatch):
     ({"device": "tpu"}, "unknown device"),
     ({"heads": 0}, "heads must be >= 1"),
     ({"repeats": 0}, "repeats must be >= 1"),
+    ({"compile": "yes"}, "unknown compile setting"),
 ])
 def test_bad_input_is_one_clear_error(kwargs, message):
     with pytest.raises(PosbenchError, match=message):
         speed.run_speed(**{**TINY, "out_dir": None, **kwargs})
+
+
+def traced_by_dynamo(monkeypatch):
+    """torch.compile as training calls it, but with dynamo's eager backend (seconds on CPU, not
+    inductor's minutes): what is compiled is recorded."""
+    compiled = []
+    real = torch.compile
+
+    def compile(module, **kwargs):
+        compiled.append(module)
+        return real(module, backend="eager", **kwargs)
+
+    monkeypatch.setattr(torch, "compile", compile)
+    return compiled
+
+
+def test_rows_say_compiled_or_eager_and_auto_is_eager_on_cpu(monkeypatch):
+    """compile=auto leaves CPU eager, as training does; compile=on compiles every scheme's layer
+    (one graph per length and pass, within the warm-up) and gives the same outputs as eager."""
+    compiled = traced_by_dynamo(monkeypatch)
+    small = {**TINY, "lengths": [16], "repeats": 1}
+    rows = speed.run_speed(schemes=["t5"], device="cpu", out_dir=None, backward=False, **small)
+    assert {r["compile"] for r in rows} == {"off"} and not compiled
+    rows = speed.run_speed(schemes=["rope", "t5"], device="cpu", out_dir=None, compile="on", **small)
+    assert {(r["scheme"], r["compile"], r["status"]) for r in rows} == {
+        (s, "on", "ok") for s in ("none", "rope", "t5")}
+    assert len(compiled) == 3
+    layer = compiled[-1]  # t5's, its position bound reserved
+    assert layer.layout.schemes[0].position_bound == 16
+    idx, pos = torch.randint(0, speed.VOCAB, (1, 16)), torch.arange(16)
+    with torch.no_grad():
+        assert torch.allclose(torch.compile(layer, dynamic=False)(idx, pos), layer(idx, pos), atol=1e-6)
+
+
+def test_a_layer_that_fails_to_compile_is_timed_eager_and_says_so(monkeypatch, capsys):
+    def refuses(module, **kwargs):
+        def call(*args, **kw):
+            raise RuntimeError("the compiler refused")
+        return call
+
+    monkeypatch.setattr(torch, "compile", refuses)
+    rows = speed.run_speed(schemes=["alibi"], device="cpu", out_dir=None, compile="on",
+                           **{**TINY, "repeats": 1})
+    assert {(r["compile"], r["status"]) for r in rows} == {("fallback", "ok")}
+    assert "the compiler refused" in capsys.readouterr().err
 
 
 def test_peak_tracker_counts_live_storages():

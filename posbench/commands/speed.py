@@ -35,7 +35,7 @@ def speed(
     out_dir = Path(out or "runs")
     rows = run_speed(schemes=list(chosen) if chosen else None, lengths=s.lengths, batch_size=s.batch_size,
                      heads=s.heads, head_dim=s.head_dim, dtype=s.dtype, device=device, backward=s.backward,
-                     repeats=s.repeats, out_dir=out_dir)
+                     repeats=s.repeats, compile=s.compile, out_dir=out_dir)
     return to_frame(rows, out=out_dir)
 
 
