@@ -236,3 +236,34 @@ def test_every_api_name_stays_the_function_once_every_module_is_imported():
     for name in posbench.API:
         assert callable(getattr(posbench, name)), name
         assert getattr(posbench, name).__module__ == f"posbench.commands.{name}", name
+
+
+def test_the_gpu_table_in_gpu_md_is_written_from_results_speed():
+    from posbench import gpu_table
+
+    assert gpu_table.current() == gpu_table.markdown(), \
+        "posbench/docs/gpu.md drifted from results/speed/speed.csv: python -m posbench.gpu_table rewrites it"
+
+
+def test_the_gpu_table_shows_each_row_and_the_targets_verdicts(tmp_path):
+    """Rows as `posbench speed` writes them to CSV and reads them back: CPU rows are left out, each
+    CUDA row is a cell, and each target is met or missed at each length."""
+    from posbench import gpu_table
+
+    cpu = speed.run_speed(schemes=["rope"], device="cpu", out_dir=tmp_path, backward=False,
+                          **{**TINY, "lengths": [16], "repeats": 1})
+    base = {**cpu[0], "device": "cuda", "device_name": "NVIDIA H200", "dtype": "bfloat16", "compile": "on"}
+    cuda = [{**base, "scheme": s, "backend": b, "pass": p, "median_ms": ms, "ratio_vs_none": ms / 2.0}
+            for s, b, p, ms in [("none", "sdpa-causal", "fwd", 2.0), ("none", "sdpa-causal", "fwd+bwd", 2.0),
+                                ("rope", "sdpa-causal", "fwd", 2.2), ("t5", "flex", "fwd+bwd", 5.0)]]
+    results.merge_rows(tmp_path, "speed", cuda)
+    text = gpu_table.markdown(results.read_rows(results.table_path(tmp_path, "speed")))
+    assert "No GPU measurement" not in text and "| none | sdpa-causal | off |" not in text
+    assert "NVIDIA H200, bfloat16, batch 1, 2 heads of 8" in text
+    assert "| scheme | path | compile | fwd 16 | fwd+bwd 16 |" in text
+    assert "| rope | sdpa-causal | on | 2.2 (1.10x) |  |" in text
+    assert "| t5 | flex | on |  | 5 (2.50x) |" in text
+    assert "- rope fwd within 1.2x: 16: 1.10x, met" in text
+    assert "- t5 fwd+bwd within 2x: 16: 2.50x, missed" in text
+    assert "stickbreaking" not in text  # no row, no verdict
+    assert "No GPU measurement" in gpu_table.markdown([])

@@ -54,15 +54,25 @@ def _shown(value) -> str:
     return str(getattr(value, "value", value))
 
 
+def section(page: Path, begin: str, end: str) -> str:
+    """The generated part of a page, markers included."""
+    text = page.read_text(encoding="utf-8")
+    return text[text.index(begin):text.index(end) + len(end)] + "\n"
+
+
+def splice(page: Path, begin: str, end: str, generated: str) -> None:
+    """Replace the generated part of a page (markers included) with `generated`."""
+    text = page.read_text(encoding="utf-8")
+    page.write_text(text[:text.index(begin)] + generated + text[text.index(end) + len(end) + 1:], encoding="utf-8")
+
+
 def current() -> str:
     """The reference part of the committed page, markers included."""
-    text = PAGE.read_text(encoding="utf-8")
-    return text[text.index(BEGIN):text.index(END) + len(END)] + "\n"
+    return section(PAGE, BEGIN, END)
 
 
 def write() -> None:
-    text = PAGE.read_text(encoding="utf-8")
-    PAGE.write_text(text[:text.index(BEGIN)] + markdown() + text[text.index(END) + len(END) + 1:], encoding="utf-8")
+    splice(PAGE, BEGIN, END, markdown())
 
 
 if __name__ == "__main__":
