@@ -12,6 +12,8 @@
   (B, H, T, T) float mask c_i - c_j built per layer, since each layer has its own gates.
 - ``sdpa-mask``: a window or chunk span without a bias elsewhere: SDPA with a (T, T) bool mask.
   It computes every score and discards those outside the span: the cost of full attention.
+- ``fla``: stick-breaking, FoX and PaTH on CUDA where flash-linear-attention is installed (the
+  `fla` extra), over full causal attention without a sink: its Triton kernels (posbench.fla_path).
 - ``explicit``: content-dependent terms (logits/values hooks) and weights other than softmax (the
   weights hook): the scores materialized, then softmax or the scheme's weights. It is also the
   reference every other path is tested against.
@@ -34,7 +36,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-BACKENDS = ("sdpa-causal", "sdpa-mask", "sdpa-bias", "flex", "explicit")
+from posbench import fla_path
+
+BACKENDS = ("sdpa-causal", "sdpa-mask", "sdpa-bias", "flex", "explicit", "fla")
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,9 @@ def flex_supports(scheme) -> bool:
 def choose_backend(scheme, device: torch.device | str, span: Span = FULL, sink: bool = False) -> str:
     """The path of a layer with this scheme and span (and a learned sink or not)."""
     hooks = set(scheme.hooks)
+    if (fla_path.supports(scheme) and span == FULL and not sink and torch.device(device).type == "cuda"
+            and fla_path.available()):
+        return fla_path.BACKEND
     if hooks & {"logits", "values", "weights"}:
         return "explicit"
     biased = bool(hooks & {"bias", "gate"})
@@ -269,6 +276,8 @@ def attend(q, k, v, scheme, ctx: AttnContext, layer: int,
         if sink is None:
             return flex(q, k, v, score_mod=score_mod, block_mask=ctx.block_mask, scale=scale)
         return with_sink(*flex_with_lse(flex, q, k, v, score_mod, ctx.block_mask, scale), sink)
+    if backend == fla_path.BACKEND:
+        return fla_path.attend(q, k, v, scheme, gate, content)
     return explicit_attention(q, k, v, scheme, ctx, layer, gate, content, sink)
 
 

@@ -5,8 +5,10 @@
 # posbench importable (installed, or PYTHONPATH set to the root on a machine with no package index):
 #
 #   bash scripts/gpu_session.sh check    OUT   # environment; the CUDA, compile and flex tests
-#   bash scripts/gpu_session.sh speed    OUT [LENGTHS]   # posbench speed, bfloat16, 10 schemes,
-#                                                       # 1024-16384 (or LENGTHS, e.g. 8192,16384)
+#   bash scripts/gpu_session.sh speed    OUT [LENGTHS]   # posbench speed, bfloat16, compiled, 11
+#                                                       # schemes (or SCHEMES=a,b), 4096 and 16384
+#                                                       # (or LENGTHS); speed.csv into OUT and
+#                                                       # results/speed/, gpu.md's table rewritten
 #   bash scripts/gpu_session.sh train    OUT   # the quick task compiled and eager, recompiles logged
 #   bash scripts/gpu_session.sh standard OUT [SCHEMES]   # the standard task, seed 0 (none,rope)
 #   bash scripts/gpu_session.sh probes   OUT [SECONDS]   # the probe-seeds grid on --workers auto,
@@ -15,7 +17,9 @@
 #
 # Each part writes a log and one tar.gz of its results into OUT (a few files: what a remote
 # command can hand back) and prints the tables. SMOKE=1 runs every part on CPU at toy sizes: it
-# checks the commands, not the GPU.
+# checks the commands, not the GPU (speed then runs eager and leaves results/speed/ alone). Where
+# flash-linear-attention cannot be installed (no package index), FLA=FOLDER puts a folder made by
+# `pip install --target FOLDER flash-linear-attention==0.6.0 fla-core==0.6.0 einops` on the path.
 set -euo pipefail
 part="${1:?part: check | speed | train | standard | probes}"
 out="${2:?output folder}"
@@ -25,15 +29,16 @@ work="$out/$part"
 mkdir -p "$work"
 exec > >(tee "$out/$part.log") 2>&1
 export PYTHONUNBUFFERED=1
+[ -n "${FLA:-}" ] && export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$(cd "$FLA" && pwd)"
 pb() { python3 -m posbench "$@"; }
 
 smoke="${SMOKE:-0}"
 if [ "$smoke" = 1 ]; then
-    device=cpu dtype=float32 lengths=128,256 repeats=2
+    device=cpu dtype=float32 lengths=128,256 repeats=2 compile=auto
 else
-    device=cuda dtype=bfloat16 lengths=1024,2048,4096,8192,16384 repeats=20
+    device=cuda dtype=bfloat16 lengths=4096,16384 repeats=20 compile=on
 fi
-speed_schemes="none,rope,alibi,t5,kerple,fire,fox,stickbreaking,rope@w,rnope-swa"
+speed_schemes="${SCHEMES:-none,rope,alibi,t5,kerple,fire,fox,stickbreaking,path,rope@w,rnope-swa}"
 
 # A task file made from a shipped one with some [section] keys replaced (smoke sizes).
 shrink() {  # shrink SRC DST key=value ...
@@ -60,6 +65,8 @@ print("python", platform.python_version(), "torch", torch.__version__, "cuda", t
 if torch.cuda.is_available():
     p = torch.cuda.get_device_properties(0)
     print("device", p.name, f"{p.total_memory / 2**30:.0f} GiB", p.multi_processor_count, "SMs")
+from posbench import fla_path
+print("flash-linear-attention:", "installed" if fla_path.available() else "not installed (the fla path is off)")
 EOF
     command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     # The tests that skip or shrink without a GPU first, then the whole suite (in 8 processes
@@ -67,18 +74,27 @@ EOF
     # posbench runs from its source folder), the hf: loader's tests are left out.
     keep=()
     python3 -c "import datasets" 2>/dev/null || { keep=(-k "not hf"); echo "no datasets: hf tests left out"; }
-    python3 -m pytest -q -p no:cacheprovider -k "cuda or compile or flex" --junitxml="$work/gpu-tests.xml" || true
+    python3 -m pytest -q -p no:cacheprovider -k "cuda or compile or flex or fla" --junitxml="$work/gpu-tests.xml" || true
     spread=()
     python3 -c "import xdist" 2>/dev/null && spread=(-n 8)
     timeout 420 python3 -m pytest -q -p no:cacheprovider "${spread[@]}" "${keep[@]}" -m "not slurm" \
         --junitxml="$work/all-tests.xml" || true
     ;;
 speed)
-    # The standard task's settings (batch 1, 8 heads of 64; rope@w's window is train_len / 4).
-    # FlexAttention compiles once per scheme, length and pass: LENGTHS splits the table over calls.
+    # The standard task's settings (batch 1, 8 heads of 64; rope@w's window is train_len / 4),
+    # each layer compiled as training compiles it. Compilation takes place once per scheme, length
+    # and pass: LENGTHS and SCHEMES split the table over calls (speed.csv merges the rows).
     lengths="${3:-$lengths}"
-    pb speed --device "$device" --dtype "$dtype" --schemes "$speed_schemes" --lengths "$lengths" \
-        --repeats "$repeats" --task standard --out "$work"
+    keep="$PWD/results/speed/speed.csv"
+    [ "$smoke" != 1 ] && [ -f "$keep" ] && cp "$keep" "$work/speed.csv"  # rows of earlier calls
+    pb speed --device "$device" --dtype "$dtype" --compile "$compile" --schemes "$speed_schemes" \
+        --lengths "$lengths" --repeats "$repeats" --task standard --out "$work"
+    cp "$work/speed.csv" "$out/speed.csv"
+    if [ "$smoke" != 1 ]; then  # a GPU's rows: the results folder and gpu.md's table
+        cp "$work/speed.csv" "$keep"
+        python3 -m posbench.gpu_table
+        cp posbench/docs/gpu.md "$out/gpu.md"
+    fi
     ;;
 train)
     task=quick
