@@ -360,24 +360,28 @@ def largest(make: Callable[[int], Prompt], count: Callable[[str], int], budget: 
     return make(low * step), least
 
 
-def prompt(task: Task, length: int, seed: str, count: Callable[[str], int], essay: Essay) -> Prompt:
-    """The prompt of `task` for a model whose tokenizer counts tokens by `count`: the most haystack
-    whose prompt and the task's generated tokens fit in `length`. One line when nothing fits."""
-    step = increment(task, length)
-    fresh = lambda: random.Random(seed)  # noqa: E731  every size draws the same way
-    most = None
+def builder(task: Task, length: int, seed: str, count: Callable[[str], int],
+            essay: Essay) -> tuple[Callable[[int], Prompt], int, int | None]:
+    """How the prompts of `task` grow: the prompt of a haystack size (each size drawn from `seed`
+    alike), the step of the size and its most (cwe: the words there are)."""
+    fresh = lambda: random.Random(seed)  # noqa: E731
     if task.family == "niah":
-        make = lambda k: niah(task, fresh(), k, essay)  # noqa: E731
-    elif task.family == "vt":
+        return (lambda k: niah(task, fresh(), k, essay)), increment(task, length), None
+    if task.family == "vt":
         example, _ = largest(lambda k: Prompt(vt_example(random.Random(seed + ":example"), k), (), k), count,
                              ICL_LENGTH - task.generate, 5)
         if example is None:
             raise PosbenchError(f"ruler:vt's worked example does not fit in {ICL_LENGTH} tokens of this tokenizer")
-        make = lambda k: vt(fresh(), k, example.text)  # noqa: E731
-    elif task.family == "cwe":
-        make, most = (lambda k: cwe(fresh(), k, length, essay)), len(essay.vocabulary)
-    else:
-        make = lambda k: fwe(fresh(), k, length)  # noqa: E731
+        return (lambda k: vt(fresh(), k, example.text)), increment(task, length), None
+    if task.family == "cwe":
+        return (lambda k: cwe(fresh(), k, length, essay)), increment(task, length), len(essay.vocabulary)
+    return (lambda k: fwe(fresh(), k, length)), increment(task, length), None
+
+
+def prompt(task: Task, length: int, seed: str, count: Callable[[str], int], essay: Essay) -> Prompt:
+    """The prompt of `task` for a model whose tokenizer counts tokens by `count`: the most haystack
+    whose prompt and the task's generated tokens fit in `length`. One line when nothing fits."""
+    make, step, most = builder(task, length, seed, count, essay)
     found, least = largest(make, count, length - task.generate, step, most)
     if found is None or found.pool < len(found.answers) and task.family == "fwe":
         raise PosbenchError(f"length {length} is too short for ruler:{task.name}: its prompt with the least "
