@@ -206,3 +206,16 @@ def test_every_task_fits_smollm2s_tokens():
         p = ruler.prompt(task, 4096, "s", tokens, ESSAY)
         grow, step, _ = ruler.builder(task, 4096, "s", tokens, ESSAY)
         assert tokens(p.text) <= 4096 - task.generate < tokens(grow(p.units + step).text), task.name
+
+
+def test_the_pretrained_table_reads_ruler_rows(tmp_path):
+    """`posbench table pretrained` has a RULER section per task, policy and length; none without rows."""
+    from posbench import results, tables
+
+    assert tables.pretrained_ruler(tmp_path) is None
+    row = {"run_id": "gguf:m@1", "probe": "ruler:cwe", "eval_len": 4096, "variant": "", "scaling": "yarn",
+           "extension": "none", "trials": 4, "answers": 40, "hits": 30, "accuracy": 0.75, "acc_lo": 0.6,
+           "acc_hi": 0.86, "exact": 1, "chance": 0.02}
+    results.merge_rows(tmp_path, "probes", [row])
+    lines = tables.pretrained_ruler(tmp_path).splitlines()
+    assert lines[-1].replace(" ", "") == "|cwe|yarn|4096|30/40|75%[60%,86%]|1/4|2%|"
