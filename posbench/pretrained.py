@@ -19,7 +19,9 @@ Perplexity is posbench.evaluate's: the model is a Scorer (`Pretrained.losses`, o
 forward) read by the same `score`, over the task's corpus tokenized by the model's tokenizer, the
 same windows, per-position buckets, window losses for paired comparisons, intervals, effective
 length. Rows are keyed by the model (`run_id` = kind:name@sha256 of its file or folder),
-never by a training run. Passkey follows the classic prompt (`passkey_prompt`), decoded greedily.
+never by a training run. Passkey follows the classic prompt (`passkey_prompt`), decoded greedily;
+RULER's synthetic tasks (`ruler:TASK`) take the prompts of posbench.ruler, decoded greedily too,
+and both write probes.csv rows through `judge_prompts`.
 """
 
 from __future__ import annotations
