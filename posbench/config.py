@@ -146,6 +146,8 @@ class ProbesConfig:
                                     "length)", LENGTH, flag=True)
     trials: int = knob(100, "prompts per length and variant", positive, flag=True)
     seed: int = knob(0, "seed of the prompts: every scheme answers the same ones", flag=True)
+    ruler_essay: str = knob("pystdlib", "essay haystack of the ruler: tasks of a pretrained model: pystdlib (the "
+                            "standard library's documentation prose) or files:PATH_OR_GLOB", flag=True)
     randomized: tuple[str, ...] = ()  # schemes also trained with randomized positions (Ruoss et al.)
     # probe name -> [train] keys that differ for the runs on that probe's examples
     # ([probes.train.copy] train_len = 32): each probe learned at a size a tiny model can learn

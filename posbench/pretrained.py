@@ -19,7 +19,9 @@ Perplexity is posbench.evaluate's: the model is a Scorer (`Pretrained.losses`, o
 forward) read by the same `score`, over the task's corpus tokenized by the model's tokenizer, the
 same windows, per-position buckets, window losses for paired comparisons, intervals, effective
 length. Rows are keyed by the model (`run_id` = kind:name@sha256 of its file or folder),
-never by a training run. Passkey follows the classic prompt (`passkey_prompt`), decoded greedily.
+never by a training run. Passkey follows the classic prompt (`passkey_prompt`), decoded greedily;
+RULER's synthetic tasks (`ruler:TASK`) take the prompts of posbench.ruler, decoded greedily too,
+and both write probes.csv rows through `judge_prompts`.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posbench import results
+from posbench import results, ruler
 from posbench.config import EvalConfig, ProbesConfig
 from posbench.data import load_corpus
 from posbench.errors import PosbenchError, first_line
@@ -56,7 +58,7 @@ ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")  # half-split RoPE on eve
 TWO_MAP_ATTENTION = "posbench_two_map"
 LOGIT_CHUNK = 1024  # positions whose vocabulary logits are formed at once
 QUERY_BLOCK = 256  # queries per block of two-map attention: its explicit scores are B x 2B
-FILLER = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+FILLER = " " + ruler.NOISE  # the sentences of the passkey tests and of RULER's noise haystack
 INSTRUCTION = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
                "I will quiz you about the important information there.")
 KEY_SENTENCE = " The pass key is {key}. Remember it. {key} is the pass key."
@@ -272,10 +274,11 @@ class Pretrained:
         return 1  # one window of up to the model's longest reading fills the memory
 
     @torch.inference_mode()
-    def greedy(self, prompt: list[int], steps: int) -> list[int]:
-        """`steps` tokens decoded greedily after `prompt`, the window's frequencies those of the prompt."""
+    def greedy(self, prompt: list[int], steps: int, to_end: bool = False) -> list[int]:
+        """`steps` tokens decoded greedily after `prompt` (`to_end`: fewer where the model writes its
+        end token), the window's frequencies those of the prompt."""
         self.rotary.length = len(prompt)
-        made = self.model.generate(torch.tensor([prompt]), max_new_tokens=steps, min_new_tokens=steps,
+        made = self.model.generate(torch.tensor([prompt]), max_new_tokens=steps, min_new_tokens=0 if to_end else steps,
                                    do_sample=False, pad_token_id=self.tokenizer.eos_token_id)
         return made[0, len(prompt):].tolist()
 
@@ -376,9 +379,7 @@ def extrapolate(spec: str, cfg: EvalConfig, data: str, out: Path, task: str, pro
     """Perplexity of a pretrained model at every length under every policy of `cfg`: rows merged into
     out/extrapolation.csv, positions.csv and windows.csv, as posbench.evaluate writes them for runs."""
     m = load(spec, base)
-    scalings = list(dict.fromkeys(scaling_of(k, cfg) for k in cfg.rope_scaling))
-    for s in scalings:
-        m.set_scaling(s)  # a bad longrope count fails before any window
+    scalings = policies(m, cfg)
     say(memory_line(m, scalings, max(cfg.lengths)))
     stream, fingerprint = token_stream(m, data)
     base_row = {"run_id": m.run_id, "task": task, "scheme": m.name, "params": str(m.path), "seed": 0,
@@ -438,15 +439,66 @@ def passkey_verdicts(m: Pretrained, prompt: list[int], key: str) -> list[bool]:
     return [i < len(said) and said[i] == d for i, d in enumerate(key)]
 
 
+def policies(m: Pretrained, eval_cfg: EvalConfig) -> list[RopeScaling]:
+    """The distinct policies of `eval_cfg`, each set once on the model so that a bad longrope
+    count fails before any prompt."""
+    scalings = list(dict.fromkeys(scaling_of(k, eval_cfg) for k in eval_cfg.rope_scaling))
+    for s in scalings:
+        m.set_scaling(s)
+    return scalings
+
+
+def model_row(m: Pretrained, cfg: ProbesConfig, task: str, probe: str, spec: str, corpus: str) -> dict:
+    """The probes.csv columns that every row of a pretrained model's probe shares."""
+    return {"run_id": m.run_id, "task": task, "probe": probe, "spec": spec, "scheme": m.name, "params": str(m.path),
+            "seed": cfg.seed, "train_len": m.train_len, **extension_columns(None), "position_draws": 0,
+            **results.provenance("cpu", "float32", f"{m.tokenizer.__class__.__name__}-{m.sha256[:12]}{corpus}")}
+
+
+def judge_prompts(m: Pretrained, scalings: list[RopeScaling], prompts: dict[tuple, list], verdicts, base_row: dict,
+                  eval_cfg: EvalConfig, out: Path, progress: bool, variant_label=str, cell_columns=None) -> list[dict]:
+    """probes.csv rows of a pretrained model: every policy x (length, variant) of `prompts`, each
+    prompt judged by `verdicts` (a list of right or wrong answers). A forward with the frequencies
+    of one already read at that length is not run again; rows of a policy are merged into
+    out/probes.csv as it finishes."""
+    rows, judged = [], {}
+    lengths = list(dict.fromkeys(n for n, _ in prompts))
+    with Bar(progress, "prompt") as bar:
+        for scaling in scalings:
+            m.set_scaling(scaling)
+            group = []
+            for n in lengths:
+                cells = [key for key in prompts if key[0] == n]
+                key = distinct(m, scaling, n)
+                if key not in judged:
+                    bar.start(f"{base_row['probe']} {scaling.label} {n}", sum(len(prompts[c]) for c in cells))
+                    judged[key] = ({}, scaling.label)
+                    for cell in cells:
+                        judged[key][0][cell] = []
+                        for item in prompts[cell]:
+                            judged[key][0][cell].append(verdicts(item))
+                            said = judged[key][0][cell][-1]
+                            bar.step(f"{variant_label(cell[1])} {sum(said)}/{len(said)} right".strip())
+                shared = judged[key][1]
+                reason = "" if shared == scaling.label else f"same frequencies as {shared} at this length: scored once"
+                for cell in cells:
+                    c = counts(judged[key][0][cell])
+                    group.append({**base_row, "eval_len": n, "ratio": n / m.train_len, "variant": variant_label(cell[1]),
+                                  "trials": len(prompts[cell]), "scaling": scaling.label, "extension": "none",
+                                  "backend": m.backend, **c, **verdict_columns(c), "status": "ok", "reason": reason,
+                                  **(cell_columns(cell) if cell_columns else {})})
+            rows += gate(group, eval_cfg.learned_threshold)
+            results.merge_rows(out, "probes", rows[-len(group):])
+    return rows
+
+
 def passkey(spec: str, cfg: ProbesConfig, eval_cfg: EvalConfig, lengths: tuple[int, ...], out: Path, task: str,
             progress: bool = False, base: Path | None = None) -> list[dict]:
     """probes.csv rows of the passkey test on a pretrained model: every policy x length x depth,
     `cfg.trials` prompts each, the same prompts for every policy."""
     m = load(spec, base)
     probe = parse_probe("passkey")
-    scalings = list(dict.fromkeys(scaling_of(k, eval_cfg) for k in eval_cfg.rope_scaling))
-    for s in scalings:
-        m.set_scaling(s)
+    scalings = policies(m, eval_cfg)
     say(memory_line(m, scalings, max(lengths)))
     prompts = {}
     for n in lengths:
@@ -454,33 +506,37 @@ def passkey(spec: str, cfg: ProbesConfig, eval_cfg: EvalConfig, lengths: tuple[i
             rng = random.Random(f"passkey:{cfg.seed}:{n}:{depth}")
             keys = [str(rng.randrange(10 ** (DIGITS - 1), 10**DIGITS)) for _ in range(cfg.trials)]
             prompts[(n, depth)] = [(passkey_prompt(m.tokenizer, n, depth, k), k) for k in keys]
-    base_row = {"run_id": m.run_id, "task": task, "probe": "passkey", "spec": "passkey:natural-language",
-                "scheme": m.name, "params": str(m.path), "seed": cfg.seed, "train_len": m.train_len, "chance": 0.1,
-                **extension_columns(None), "position_draws": 0,
-                **results.provenance("cpu", "float32", f"{m.tokenizer.__class__.__name__}-{m.sha256[:12]}")}
-    rows, judged = [], {}
-    with Bar(progress, "prompt") as bar:
-        for scaling in scalings:
-            m.set_scaling(scaling)
-            group = []
-            for n in lengths:
-                key = distinct(m, scaling, n)
-                if key not in judged:
-                    bar.start(f"passkey {scaling.label} {n}", len(probe.variants()) * cfg.trials)
-                    judged[key] = ({}, scaling.label)
-                    for depth in probe.variants():
-                        judged[key][0][depth] = []
-                        for prompt, k in prompts[(n, depth)]:
-                            judged[key][0][depth].append(passkey_verdicts(m, prompt, k))
-                            bar.step(f"depth {depth:g}: {sum(judged[key][0][depth][-1])}/{DIGITS} digits")
-                shared = judged[key][1]
-                reason = "" if shared == scaling.label else f"same frequencies as {shared} at this length: scored once"
-                for depth in probe.variants():
-                    cell = counts(judged[key][0][depth])
-                    group.append({**base_row, "eval_len": n, "ratio": n / m.train_len,
-                                  "variant": probe.variant_label(depth), "trials": cfg.trials,
-                                  "scaling": scaling.label, "extension": "none", "backend": m.backend, **cell,
-                                  **verdict_columns(cell), "status": "ok", "reason": reason})
-            rows += gate(group, eval_cfg.learned_threshold)
-            results.merge_rows(out, "probes", rows[-len(group):])  # each policy as it is done
-    return rows
+    base_row = {**model_row(m, cfg, task, "passkey", "passkey:natural-language", ""), "chance": 0.1}
+    return judge_prompts(m, scalings, prompts, lambda item: passkey_verdicts(m, *item), base_row, eval_cfg, out,
+                         progress, probe.variant_label)
+
+
+def encode(tok, text: str) -> list[int]:
+    """The model's tokens of `text`, no special tokens added (as the prompts are counted)."""
+    return tok(text, add_special_tokens=False).input_ids
+
+
+def ruler_verdicts(m: Pretrained, task: ruler.Task, p: ruler.Prompt) -> list[bool]:
+    """Per reference, whether the model's greedy output after the prompt (at most the task's
+    tokens to generate, to its end token) holds it: RULER's string_match_all."""
+    made = m.greedy(encode(m.tokenizer, p.text), task.generate, to_end=True)
+    return ruler.references_found(m.tokenizer.decode(made, skip_special_tokens=True), p.answers)
+
+
+def ruler_probe(name: str, spec: str, cfg: ProbesConfig, eval_cfg: EvalConfig, lengths: tuple[int, ...], out: Path,
+                task: str, progress: bool = False, base: Path | None = None) -> list[dict]:
+    """probes.csv rows of RULER's task `name` (ruler:TASK) on a pretrained model: every policy x
+    length, `cfg.trials` prompts each (RULER's generator in posbench.ruler, fitted to the model's
+    tokenizer), the same prompts for every policy."""
+    t = ruler.task_of(name)
+    essay = ruler.load_essay(cfg.ruler_essay)
+    m = load(spec, base)
+    scalings = policies(m, eval_cfg)
+    count = lambda text: len(encode(m.tokenizer, text))  # noqa: E731
+    prompts = {(n, None): [ruler.prompt(t, n, f"{name}:{cfg.seed}:{n}:{i}", count, essay) for i in range(cfg.trials)]
+               for n in lengths}
+    say(memory_line(m, scalings, max(lengths)))
+    base_row = model_row(m, cfg, task, name, f"{name}:essay={cfg.ruler_essay}", f"+essay-{essay.fingerprint}")
+    chance = {cell: sum(map(ruler.chance, ps)) / len(ps) for cell, ps in prompts.items()}
+    return judge_prompts(m, scalings, prompts, lambda p: ruler_verdicts(m, t, p), base_row, eval_cfg, out, progress,
+                         lambda _: "", lambda cell: {"chance": chance[cell]})

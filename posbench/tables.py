@@ -618,14 +618,31 @@ def pretrained_passkey(directory: Path) -> str:
     return markdown_table(head, body)
 
 
+def pretrained_ruler(directory: Path) -> str | None:
+    """Per RULER task, policy and length: string_match_all (references found, Wilson 95%), prompts
+    wholly right, and the chance of a guess; None without ruler: rows."""
+    rows = [r for r in results.read_probes(directory) if r["probe"].startswith("ruler:")]
+    if not rows:
+        return None
+    body = []
+    for r in sorted(rows, key=lambda r: (r["probe"], int(r["eval_len"]), _policy(r["scaling"]))):
+        body.append([r["probe"].removeprefix("ruler:"), r["scaling"], r["eval_len"], f"{r['hits']}/{r['answers']}",
+                     f"{float(r['accuracy']):.0%} [{float(r['acc_lo']):.0%}, {float(r['acc_hi']):.0%}]",
+                     f"{r['exact']}/{r['trials']}", f"{float(r['chance']):.0%}"])
+    head = ["task", "policy", "length", "references found", "string_match_all [Wilson 95%]", "prompts all right",
+            "chance"]
+    return markdown_table(head, body)
+
+
 def pretrained(directory: Path) -> str:
-    """Four sections, each under a `###` title: perplexity by policy and length, inside and past
-    the context, the effective length, passkey."""
+    """Four or five sections, each under a `###` title: perplexity by policy and length, inside and
+    past the context, the effective length, passkey, and RULER's tasks where probes.csv has them."""
     sections = (("Perplexity by policy and length", pretrained_perplexity(directory)),
                 ("Inside and past the context, within each window", inside_and_past(directory)),
                 ("Effective length", pretrained_effective(directory)),
-                ("Passkey", pretrained_passkey(directory)))
-    return "\n\n".join(f"### {title}\n\n{text}" for title, text in sections)
+                ("Passkey", pretrained_passkey(directory)),
+                ("RULER's synthetic tasks", pretrained_ruler(directory)))
+    return "\n\n".join(f"### {title}\n\n{text}" for title, text in sections if text is not None)
 
 
 # ---- attention ----------------------------------------------------------------------------------

@@ -259,6 +259,29 @@ def test_the_commands_write_every_table(folder, tmp_path, capsys):
     assert len(lines) == 4 and all(line.startswith("error: ") for line in lines), lines
 
 
+def test_ruler_tasks_write_rows_with_prompt_counts_and_intervals(folder, tmp_path, capsys):
+    """probe --model --probe ruler:TASK: a row per task, policy and length with its prompts, answers
+    (references: 1 per niah_single_1 prompt, 3 per fwe one), Wilson intervals and chance; a length
+    too short for a task's template is one line, exit 2."""
+    out = tmp_path / "out"
+    assert main(["probe", "--model", f"hf:{folder}", "--probe", "ruler:niah_single_1,ruler:fwe", "--lengths", "1024",
+                 "--trials", "1", "--rope-scaling", "none,yarn", "--out", str(out)]) == 0  # 128 and 50 tokens decoded
+    rows = results.read_probes(out)
+    assert sorted((r["probe"], r["scaling"]) for r in rows) == sorted(
+        (p, s) for p in ("ruler:niah_single_1", "ruler:fwe") for s in ("none", "yarn"))
+    for r in rows:
+        refs = 1 if r["probe"] == "ruler:niah_single_1" else 3
+        assert r["trials"] == "1" and int(r["answers"]) == refs and int(r["hits"]) <= refs
+        assert 0 <= float(r["acc_lo"]) <= float(r["accuracy"]) <= float(r["acc_hi"]) <= 1 and r["eval_len"] == "1024"
+        assert r["spec"] == f"{r['probe']}:essay=pystdlib" and "+essay-" in r["corpus"]
+        assert (float(r["chance"]) > 0) == (r["probe"] == "ruler:fwe")
+    capsys.readouterr()
+    assert main(["probe", "--model", f"hf:{folder}", "--probe", "ruler:niah_single_2", "--lengths", "600",
+                 "--rope-scaling", "none", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: length 600 is too short for ruler:niah_single_2"), err
+
+
 def test_the_passkey_prompt_is_exactly_its_length():
     """The instruction, the key sentence at its depth of the filler and the question, in the
     model's tokens (a tokenizer of words here)."""

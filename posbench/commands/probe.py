@@ -20,8 +20,8 @@ SUMMARY = "synthetic retrieval and algorithmic probes, accuracy by length"
 PAGES = ('probes.md',)
 
 
-@takes(config.ProbesConfig, config.EvalConfig, only=("lengths", "trials", "seed", "rope_scaling", "position_draws",
-                                                     "longrope_factors"))
+@takes(config.ProbesConfig, config.EvalConfig, only=("lengths", "trials", "seed", "ruler_essay", "rope_scaling",
+                                                     "position_draws", "longrope_factors"))
 def probe(
     probe: Annotated[Optional[str], typer.Option(help="probe names, comma-separated (see --list)")] = None,
     *,
@@ -39,9 +39,10 @@ def probe(
     """Synthetic probes: per-answer accuracy and exact match by prompt length of every run trained
     on a probe's examples (lengths default to 1x, 2x, 4x, 8x each run's); a table per probe,
     probes.csv, one heatmap per probe and report.md (--out, default the runs folder). With
-    --model, the passkey test of a pretrained model (natural-language filler, greedy decoding)."""
+    --model, the passkey test of a pretrained model (natural-language filler, greedy decoding) and
+    RULER's synthetic tasks (--probe ruler:TASK, e.g. ruler:niah_single_1, ruler:cwe)."""
     from posbench import probing, reporting
-    from posbench.probes import parse_probe, probe_name
+    from posbench.probes import probe_name
 
     load_plugins(plugins)
     if list_:
@@ -49,25 +50,47 @@ def probe(
     chosen = names(probe) if probe else None
     if not chosen:
         raise PosbenchError("name probes with --probe NAME[,NAME] (see `posbench probe --list`)")
-    for name in chosen:
-        parse_probe(name)
     t = config.load_task(task or ("pretrained" if model else None))
+    check_names(chosen, bool(model or t.pretrained))
     cfg = settings(t.probes, given)
     eval_cfg = settings(t.eval, {k: given.get(k) for k in ("rope_scaling", "position_draws", "longrope_factors")})
     out_dir = Path(out or runs_dir)
     if model or t.pretrained:
         from posbench import pretrained
 
-        if chosen != ("passkey",):
-            raise PosbenchError("a pretrained model takes the passkey probe (--probe passkey): the other probes "
-                                "are written in posbench's symbol vocabulary for the models it trains")
-        rows = pretrained.passkey(model or t.pretrained, cfg, eval_cfg, cfg.lengths or t.eval.lengths, out_dir,
-                                  t.name, progress, task_folder(task))
+        rows = []
+        for name in chosen:
+            if name == "passkey":
+                rows += pretrained.passkey(model or t.pretrained, cfg, eval_cfg, cfg.lengths or t.eval.lengths,
+                                           out_dir, t.name, progress, task_folder(task))
+            else:
+                rows += pretrained.ruler_probe(name, model or t.pretrained, cfg, eval_cfg, cfg.lengths or t.eval.lengths,
+                                               out_dir, t.name, progress, task_folder(task))
     else:
         rows = probing.evaluate(Path(runs_dir), cfg, eval_cfg, tuple(probe_name(n) for n in chosen),
                                 scheme_names(schemes), out_dir, device, progress=progress)
     reporting.write_report(out_dir, t.eval.effective_tolerance, t.eval.effective_threshold)
     return to_frame(rows, eval=eval_cfg, out=out_dir)
+
+
+def check_names(chosen: tuple[str, ...], model: bool) -> None:
+    """One line for a probe that is not one, or not one for this kind of model: RULER's tasks
+    (ruler:TASK) read text and are for pretrained models; the passkey test reads either; the
+    other probes are written in posbench's symbol vocabulary for the models it trains."""
+    from posbench import ruler
+    from posbench.probes import parse_probe
+
+    for name in chosen:
+        if ruler.is_ruler(name):
+            ruler.task_of(name)
+            if not model:
+                raise PosbenchError(f"{name} is one of RULER's prompts for a pretrained model: add --model")
+        elif model and name != "passkey":
+            parse_probe(name)
+            raise PosbenchError(f"a pretrained model takes --probe passkey or ruler:TASK (ruler:{', ruler:'.join(ruler.TASKS)}):"
+                                f" {name} is written in posbench's symbol vocabulary for the models it trains")
+        else:
+            parse_probe(name)
 
 
 def catalogue() -> list[dict[str, str]]:
