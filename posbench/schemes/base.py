@@ -188,6 +188,10 @@ class Scheme(nn.Module):
     ranges: ClassVar[dict[str, Range]] = {}
     relative: ClassVar[bool] = False  # outputs unchanged when every position shifts by a constant
     takes_positions: ClassVar[bool] = True  # integer positions (the randomized modifier applies)
+    # Reads positions as numbers, so real ones between integers mean something: the scheme takes
+    # `--position-sampling float` (RFS, posbench.positions). A table of learned rows or of distance
+    # buckets does not.
+    float_positions: ClassVar[bool] = False
     owns_token_embedding: ClassVar[bool] = False  # the input hook builds token embeddings itself
     extensions: ClassVar[tuple[str, ...]] = ()  # eval-time policies past position_limit()
     # Parameters added after the scheme first shipped: see `identity_params`.

@@ -156,12 +156,14 @@ def angle_table(inv: torch.Tensor, mscale: float = 1.0, period: torch.Tensor | N
     float64. With an integer `period` per pair, of (k mod period) * inv: the pair then repeats
     exactly, bit for bit, every `period` positions."""
 
-    def build(n, device):
-        k = torch.arange(n, dtype=torch.float64)[:, None]
+    def rows(k):  # k (n, 1) float64
         angle = (k if period is None else k.remainder(period)) * inv
-        return (torch.stack([angle.cos(), angle.sin()], dim=1) * mscale).float().to(device)
+        return (torch.stack([angle.cos(), angle.sin()], dim=1) * mscale).float()
 
-    return GrowingTable(build)
+    def build(n, device):
+        return rows(torch.arange(n, dtype=torch.float64)[:, None]).to(device)
+
+    return GrowingTable(build, lambda pos: rows(pos.double().cpu()[:, None]).to(pos.device))
 
 
 def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -246,6 +248,7 @@ class RoPE(Scheme):
     (pi, ntk, yarn, longrope: posbench.extending) keeps it as its `trained` scaling. q, k (B, H, T, D)."""
 
     name = "rope"
+    float_positions = True
     formula = ("pair t of q at m turned by m theta_t, of k at n by n theta_t, theta_t = base^(-2t/r), r = "
                "floor(fraction D) dims rotated; q.k depends on m - n only")
     family = "rotary"
@@ -518,6 +521,7 @@ class PoPE(Scheme):
     one head dim, and here q, k are 2D wide."""
 
     name = "pope"
+    float_positions = True
     formula = ("s_ij = sum_c softplus(q_c) softplus(k_c) cos((j - i) theta_c + delta_c) / sqrt(D), theta_c ="
                " base^(-c/D), delta learned in [-2 pi, 0]")
     family = "rotary"
@@ -602,6 +606,7 @@ class FoPE(Scheme):
     sdpa-causal (flash on CUDA)."""
 
     name = "fope"
+    float_positions = True
     formula = ("pair m of q at n becomes (q_m C_m(n) - q_{m+D/2} S_m(n), q_{m+D/2} C_m(n) + q_m S_m(n)), C_m"
                " = sum_k A^c_km cos(omega_k n), S_m = sum_k A^s_km sin(omega_k n), A fixed random, omega_k <"
                " 2 pi / L dropped")
@@ -662,6 +667,7 @@ class XPos(Scheme):
     """
 
     name = "xpos"
+    float_positions = True
     formula = ("rope with pair t of q at m scaled by zeta_t^(m/gamma) and of k at n by zeta_t^(-n/gamma), so"
                " the logit carries zeta_t^((m - n)/gamma), zeta_t = (2t/D + 0.4) / 1.4")
     family = "rotary"
