@@ -856,7 +856,10 @@ class AccumRoPE(Scheme):
     `values` (the paper rotates the values too), v_j turns by Phi_j and the head's output o_i back
     by -Phi_i: o_i = sum_j a_ij R(Phi_j - Phi_i) v_j, each value read through the angle between
     it and the query, as the logit is. With w = 0 and b = softplus^-1(1) every step is 1,
-    Phi_t = (t + 1) theta_p, and the logits are `rope`'s.
+    Phi_t = (t + 1) theta_p, and the logits are `rope`'s. The step's parametrization (a scalar per
+    head and token, softplus of a linear map of the layer input) is posbench's: the paper's full
+    text was not available here and it publishes no code, so the tests check the formula above by
+    hand-computed numbers, not numbers of a reference.
 
     No position index is read: outputs are unchanged under any shift of positions, and past the
     training length the angles keep growing by the tokens' own steps. Steps, cumulative sums and
@@ -873,7 +876,8 @@ class AccumRoPE(Scheme):
     hooks = ("content", "qk", "vo")
     reference = "Accumulated-angle RoPE, arXiv:2606.24975"
     notes = ("RoPE angles as running sums of per-token steps softplus(w.x + b) per layer and head (1 at "
-             "init: rope); values=true also turns v by its angle and the output back by the query's")
+             "init: rope); values=true also turns v by its angle and the output back by the query's; "
+             "the step's form is posbench's (no public code)")
     defaults = {"base": 10000.0, "values": True}
     ranges = {"base": frequency_base}
     no_weight_decay = ("step_bias",)
