@@ -156,14 +156,14 @@ def angle_table(inv: torch.Tensor, mscale: float = 1.0, period: torch.Tensor | N
     float64. With an integer `period` per pair, of (k mod period) * inv: the pair then repeats
     exactly, bit for bit, every `period` positions."""
 
-    def rows(k):  # k (n, 1) float64
-        angle = (k if period is None else k.remainder(period)) * inv
+    def rows(k):  # k (n, 1) float64, on the device the rows are wanted on
+        angle = (k if period is None else k.remainder(period.to(k.device))) * inv.to(k.device)
         return (torch.stack([angle.cos(), angle.sin()], dim=1) * mscale).float()
 
     def build(n, device):
         return rows(torch.arange(n, dtype=torch.float64)[:, None]).to(device)
 
-    return GrowingTable(build, lambda pos: rows(pos.double().cpu()[:, None]).to(pos.device))
+    return GrowingTable(build, lambda pos: rows(pos.double()[:, None]))
 
 
 def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
