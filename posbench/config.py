@@ -31,6 +31,7 @@ DTYPES = ("float32", "bfloat16")
 COMPILE = ("auto", "on", "off")  # torch.compile of the training forward; auto: on for CUDA
 TRACKERS = ("none", "tensorboard", "wandb")  # posbench.trackers
 SCHEDULES = ("cosine", "constant")  # the lr after warm-up (posbench.training.lr_at)
+POSITION_SAMPLING = ("integer", "float")  # posbench.positions
 MAX_LENGTH = 2**20  # a window longer than a million tokens outgrows any machine posbench runs on
 # a sequence length: a next-token loss needs two tokens; refused before any model is loaded past the bound
 LENGTH = at_least(2) & Range(f"<= {MAX_LENGTH}", lambda v: v <= MAX_LENGTH)
@@ -55,6 +56,9 @@ class TrainConfig:
     randomize_positions: bool = knob(False, "train on sorted random positions from [0, randomize_max) "
                                      "(Ruoss et al. 2023)", flag=True)
     randomize_max: int = knob(2048, "L_max of randomized positions (Ruoss et al.)", positive)
+    position_sampling: str = knob("integer", "integer | float: float trains and evaluates on sorted random "
+                                  "real positions from [0, randomize_max) (RFS, Shimizu et al. 2026)",
+                                  one_of(*POSITION_SAMPLING), flag=True)
     stop_accuracy: float = knob(0.0, "probes: stop once the validation accuracy reaches it (0: never)",
                                 Range("in 0..1 (0: never stop early)", lambda v: 0 <= v <= 1))
     schedule: str = knob("cosine", "after warm-up: cosine decay to 10% of lr, or constant (fine-tuning)",
@@ -66,7 +70,7 @@ class TrainConfig:
                         flag=True)
 
     def check(self) -> None:
-        if self.randomize_positions and self.randomize_max < self.train_len:
+        if (self.randomize_positions or self.position_sampling == "float") and self.randomize_max < self.train_len:
             raise PosbenchError("randomize_max must be at least train_len")
 
 

@@ -59,7 +59,8 @@ def _row(first: dict, metric: str, protocol: str, reference: float, criterion: f
     train_len = int(first["train_len"])
     return {**{k: first.get(k, "") for k in RUN_COLUMNS}, "metric": metric, "protocol": protocol,
             "scaling": first.get("scaling", "none"), "extension": first.get("extension", "none"),
-            "position_draws": first.get("position_draws", ""), "reference": reference, "criterion": criterion, "max_len": max(lengths),
+            "position_draws": first.get("position_draws", ""), "position_sampling": first.get("position_sampling", ""),
+            "reference": reference, "criterion": criterion, "max_len": max(lengths),
             "effective_len": effective, "ratio": effective / train_len if effective else None,
             "status": status, **{k: first.get(k, "") for k in results.PROVENANCE}}
 

@@ -49,7 +49,7 @@ from posbench import plugins
 from posbench.errors import PosbenchError, first_line, out_of_memory
 from posbench.extension import columns as extension_columns
 from posbench.layout import run_prefix, takes_rope_scaling
-from posbench.positions import evaluation_draws, evaluation_positions
+from posbench.positions import evaluation_columns, evaluation_positions, randomized
 from posbench.progress import Bar
 from posbench.probes import PROBES, probe_name
 from posbench.schemes import SCHEMES, PositionLimitError
@@ -99,7 +99,7 @@ def variants_for(spec: RunSpec, cfg: EvalConfig, layout) -> list[Variant]:
     so rescaling by L_eval / L_train would move its positions away from the trained ones; and a
     child fine-tuned with a rescaling (posbench.extending), which is evaluated with its own alone."""
     rescaled = spec.extension is not None and spec.extension.rescaling != "plain"
-    scalable = layout.scalable and not spec.train.randomize_positions and not rescaled
+    scalable = layout.scalable and not randomized(spec.train) and not rescaled
     scalings = [scaling_of(k, cfg) for k in cfg.rope_scaling] if scalable else [RopeScaling()]
     extensions = [e for e in cfg.learned_extension if e == "none" or e in layout.extensions] or ["none"]
     return [Variant(s, e) for s in dict.fromkeys(scalings) for e in dict.fromkeys(extensions)]
@@ -252,7 +252,7 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
     base = {
         "run_id": spec.run_id, "task": task or spec.task, "scheme": spec.scheme,
         "params": model.layout.describe(), "seed": spec.seed, "train_len": spec.original_len,
-        "mode": cfg.mode, **extension_columns(spec.extension), "position_draws": evaluation_draws(spec.train, cfg.position_draws),
+        "mode": cfg.mode, **extension_columns(spec.extension), **evaluation_columns(spec.train, cfg.position_draws),
         **results.provenance(dev.type, spec.train.dtype, data.fingerprint),
     }
     draws = max(1, base["position_draws"])

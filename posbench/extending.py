@@ -37,6 +37,7 @@ from posbench.config import ExtendConfig
 from posbench.data import TokenData, cached_tokens
 from posbench.errors import PosbenchError, RunFailed, on_interrupt
 from posbench.extension import DROPE, Extension, check_pairing
+from posbench.positions import randomized
 from posbench.probes import parse_probe
 from posbench.schemes.rotary import RopeScaling, yarn_ramp
 from posbench.device import resolve_device
@@ -110,7 +111,7 @@ def plan(runs_dir: Path, cfg: ExtendConfig, methods_of, schemes: tuple[str, ...]
         if only is not None and run_dir.name not in only:
             continue
         spec, model, _ = load_trained(run_dir)
-        if spec.train.randomize_positions:
+        if randomized(spec.train):
             raise PosbenchError(f"parent {spec.run_id} trained on randomized positions: extend a run "
                                 "trained on positions 0..L-1")
         for method in methods_of(spec.scheme):

@@ -57,7 +57,13 @@ class Attention(nn.Module):
         if plan.factor is not None:  # the layer's temperature
             q = q * plan.factor.to(q.dtype)
         gate = scheme.gate(x, self.layer) if "gate" in scheme.hooks else None  # (B, H, T)
+        turned = "vo" in scheme.hooks
+        if turned:
+            args = (ctx.pos, ctx.shared, self.layer) + (() if content is None else (content,))
+            v = scheme.turn_values(v, *args)
         y = attention.attend(q, k, v, scheme, ctx, self.layer, gate, content, plan.sink)  # (B, H, T, D)
+        if turned:
+            y = scheme.turn_output(y, *args)
         if plan.out_gate is not None:
             y = plan.out_gate(x, y)
         return self.proj(y.transpose(1, 2).reshape(b, t, d))

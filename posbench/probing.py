@@ -38,7 +38,7 @@ from posbench.data import probe_corpus
 from posbench.errors import PosbenchError, on_interrupt
 from posbench.extension import columns as extension_columns
 from posbench.evaluate import ATTN_BYTES, failure, find_runs, variants_for
-from posbench.positions import evaluation_draws, evaluation_positions
+from posbench.positions import evaluation_columns, evaluation_positions
 from posbench.probes import PROBES, Example, Probe, parse_probe, probe_name
 from posbench.schemes import PositionLimitError
 from posbench.device import autocast, resolve_device
@@ -144,7 +144,7 @@ def evaluate_run(run_dir: Path, cfg: ProbesConfig, eval_cfg: EvalConfig, device:
         "run_id": spec.run_id, "task": task or spec.task, "probe": probe.name, "spec": spec.data.spec,
         "scheme": spec.scheme, "params": model.layout.describe(), "seed": spec.seed,
         "train_len": spec.original_len, "chance": probe.chance, **extension_columns(spec.extension),
-        "position_draws": evaluation_draws(spec.train, eval_cfg.position_draws),
+        **evaluation_columns(spec.train, eval_cfg.position_draws),
         **results.provenance(dev.type, spec.train.dtype, probe_corpus(spec.data)[1]),
     }
     draws = max(1, base["position_draws"])

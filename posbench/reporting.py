@@ -40,8 +40,11 @@ def label(row) -> str:
         out += f"+{row['scaling']}"
     if str(row.get("extension", "none")) not in ("none", "", "nan"):
         out += f"+{row['extension']}"
-    # runs.csv says `randomized`; evaluation rows of a randomized run have position draws
-    if str(row.get("randomized", "False")) == "True" or pd.to_numeric(row.get("position_draws"), errors="coerce") > 0:
+    # runs.csv says `randomized` (`float` for RFS); evaluation rows of a randomized run have
+    # position draws, and those of an RFS run say `float` in position_sampling
+    if "float" in (str(row.get("randomized")), str(row.get("position_sampling"))):
+        out += "+rfs"
+    elif str(row.get("randomized", "False")) == "True" or pd.to_numeric(row.get("position_draws"), errors="coerce") > 0:
         out += "+randomized"
     return out
 

@@ -48,14 +48,14 @@ TABLES: dict[str, dict[str, list[str]]] = {
         "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "eval_len", "ratio",
                     "mode", "stride", "scaling", "extension", "position_draws", "tokens", "loss",
                     "ppl", "loss_se", "ppl_lo", "ppl_hi", "backend", "status", "reason",
-                    "parent_run", "extend_method", "extend_len", "extend_steps"] + PROVENANCE,
+                    "parent_run", "extend_method", "extend_len", "extend_steps", "position_sampling"] + PROVENANCE,
     },
     # Each scored window's mean loss: what posbench.pairing pairs between two models.
     "windows": {
         "key": ["run_id", "eval_len", "mode", "stride", "scaling", "extension", "window"],
         "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "eval_len", "mode",
                     "stride", "scaling", "extension", "position_draws", "corpus", "window", "start",
-                    "loss", "parent_run", "extend_method", "extend_len", "extend_steps"],
+                    "loss", "parent_run", "extend_method", "extend_len", "extend_steps", "position_sampling"],
     },
     "positions": {
         "key": ["run_id", "eval_len", "mode", "stride", "scaling", "extension", "bucket"],
@@ -68,7 +68,8 @@ TABLES: dict[str, dict[str, list[str]]] = {
                     "eval_len", "ratio", "variant", "trials", "position_draws", "answers", "hits",
                     "accuracy", "acc_lo", "acc_hi", "exact", "exact_match", "em_lo", "em_hi", "chance",
                     "scaling", "extension", "backend", "status",
-                    "reason", "parent_run", "extend_method", "extend_len", "extend_steps"] + PROVENANCE,
+                    "reason", "parent_run", "extend_method", "extend_len", "extend_steps",
+                    "position_sampling"] + PROVENANCE,
     },
     # Per run and protocol (perplexity: mode and stride; accuracy: the probe), the longest length
     # from the training length up whose value stays within `criterion` (posbench.effective). The
@@ -79,7 +80,7 @@ TABLES: dict[str, dict[str, list[str]]] = {
         "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "metric", "protocol",
                     "scaling", "extension", "position_draws", "reference", "criterion", "max_len",
                     "effective_len", "ratio", "status", "parent_run", "extend_method", "extend_len",
-                    "extend_steps"] + PROVENANCE,
+                    "extend_steps", "position_sampling"] + PROVENANCE,
     },
     # Per layer and head, what attention does at each length (posbench.attention_measures).
     "attention": {
@@ -87,7 +88,7 @@ TABLES: dict[str, dict[str, list[str]]] = {
         "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "eval_len", "ratio", "mode",
                     "stride", "scaling", "extension", "position_draws", "layer", "head", "windows",
                     "entropy", "entropy_norm", "distance", "sink_mass", "far_mass", "far_from", "backend",
-                    "parent_run", "extend_method", "extend_len", "extend_steps"] + PROVENANCE,
+                    "parent_run", "extend_method", "extend_len", "extend_steps", "position_sampling"] + PROVENANCE,
     },
     "speed": {
         "key": ["scheme", "backend", "compile", "pass", "device", "device_name", "dtype", "batch", "heads",
@@ -103,15 +104,17 @@ TABLES: dict[str, dict[str, list[str]]] = {
 # Columns an older posbench did not write yet: a file may lack these (they read as empty), never
 # the others, without which its rows mean nothing (a merge of such a file would add junk rows).
 EXTENSION = {"parent_run", "extend_method", "extend_len", "extend_steps"}  # posbench.extension's columns
+SAMPLING = "position_sampling"  # `float` in the rows of an RFS run (posbench.positions)
 ADDED_LATER: dict[str, set[str]] = {
     "runs": {"model_flops_per_second", "mfu", "mfu_peak", "compile", "stopped_at", "final_val_accuracy", "plugins",
              "scored_tokens", "padding_tokens", "weights_sha256", *EXTENSION, *MACHINE},
-    "extrapolation": {"position_draws", "loss_se", "ppl_lo", "ppl_hi", *EXTENSION, *MACHINE},
-    "windows": {"params", "position_draws", *EXTENSION},
+    "extrapolation": {"position_draws", "loss_se", "ppl_lo", "ppl_hi", SAMPLING, *EXTENSION, *MACHINE},
+    "windows": {"params", "position_draws", SAMPLING, *EXTENSION},
     "positions": {"train_len"},
-    "probes": {"acc_lo", "acc_hi", "answers", "exact", "exact_match", "em_lo", "em_hi", "chance", *EXTENSION,
-               *MACHINE},
-    "effective_length": {"position_draws", *EXTENSION, *MACHINE},
+    "probes": {"acc_lo", "acc_hi", "answers", "exact", "exact_match", "em_lo", "em_hi", "chance", SAMPLING,
+               *EXTENSION, *MACHINE},
+    "effective_length": {"position_draws", SAMPLING, *EXTENSION, *MACHINE},
+    "attention": {SAMPLING},
     "speed": {"device_name", "compile"},
 }
 

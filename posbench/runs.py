@@ -19,6 +19,7 @@ from posbench.data import DataConfig, check_probe_corpus, is_probe
 from posbench.errors import PosbenchError
 from posbench.extension import Extension
 from posbench.model import ModelConfig, Transformer
+from posbench.positions import check_float_positions, floats, randomized
 from posbench.probes import PROBES, probe_name
 from posbench.schemes import Dims, get_scheme
 from posbench.schemes.base import coerce_params, identity_params
@@ -67,8 +68,10 @@ class RunSpec:
         train = dataclasses.asdict(self.train)
         for logistics in ("eval_interval", "checkpoint_interval", "eval_windows", "compile", "tracker"):
             train.pop(logistics)
-        if not self.train.randomize_positions:
+        if not randomized(self.train):
             train.pop("randomize_max")
+        if not floats(self.train):  # added later: runs on integer positions keep their run_ids
+            train.pop("position_sampling")
         if not self.train.stop_accuracy:  # added later: runs without it keep their run_ids
             train.pop("stop_accuracy")
         if self.train.schedule == "cosine":  # likewise
@@ -118,8 +121,10 @@ class RunSpec:
         identity.pop("layout", None)  # derived from scheme and train_len
         identity.pop("plugins", None)  # recorded with their files below
         sources = self.plugin_sources()
-        return {"run_id": self.run_id, "task": self.task, **identity,
-                "train": dataclasses.asdict(self.train),
+        train = dataclasses.asdict(self.train)
+        if not floats(self.train):  # a config.json of integer positions stays what it was, and readable by an older posbench
+            train.pop("position_sampling")
+        return {"run_id": self.run_id, "task": self.task, **identity, "train": train,
                 **({"plugins": [s.record() for s in sources]} if sources else {}),
                 **({"extension": dataclasses.asdict(self.extension)} if self.extension is not None else {})}
 
@@ -144,11 +149,13 @@ def build_model(spec: RunSpec, vocab_size: int) -> Transformer:
     dims = Dims(
         d_model=spec.model.d_model, n_heads=spec.model.n_heads, n_layers=spec.model.n_layers,
         vocab_size=vocab_size, train_len=spec.original_len,
-        max_position=t.randomize_max if t.randomize_positions else spec.original_len,
+        max_position=t.randomize_max if randomized(t) else spec.original_len,
         params=spec.params,
     )
     model_layout = layout.build(spec.scheme, dims)
-    if t.randomize_positions and not model_layout.takes_positions:
+    if floats(t):
+        check_float_positions(spec.scheme, model_layout)
+    elif t.randomize_positions and not model_layout.takes_positions:
         raise PosbenchError(f"scheme {spec.scheme!r} takes no integer positions to randomize")
     if spec.extension is not None:
         model_layout.set_trained_scaling(spec.extension.scaling())

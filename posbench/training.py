@@ -23,6 +23,7 @@ from posbench.device import Distributed, TrainingForward, autocast, resolve_devi
 from posbench.errors import Interrupted, RunFailed, first_line, on_interrupt, out_of_memory
 from posbench.extension import columns as extension_columns
 from posbench.model import Transformer
+from posbench.positions import randomized_column
 from posbench.runs import (CHECKPOINT, COUNTS, FINAL, RunSpec, build_model, load_checkpoint, load_parent,
                            save_checkpoint, weights_digest, write_log)
 from posbench.schemes.base import Scheme
@@ -208,7 +209,7 @@ def _start(spec: RunSpec, runs_dir: Path, dev: torch.device, ddp: Distributed, r
     row = {
         "run_id": spec.run_id, "task": spec.task, "scheme": spec.scheme,
         "params": model.layout.describe(), "seed": spec.seed, "train_len": spec.original_len,
-        "randomized": t.randomize_positions, "steps": t.steps,
+        "randomized": randomized_column(t), "steps": t.steps,
         "n_params": sum(p.numel() for p in model.parameters()), "backend": model.layout.backends(dev),
         "compile": net.status, **extension_columns(spec.extension),
         "plugins": ";".join(f"{s.path}@{s.sha256[:12]}" for s in spec.plugin_sources()),

@@ -29,7 +29,7 @@ from multiprocessing import connection
 from pathlib import Path
 from typing import Any, Callable
 
-from posbench import config, grid, plugins, results
+from posbench import config, grid, plugins, positions, results
 from posbench.errors import Interrupted, PosbenchError, first_line, out_of_memory
 
 CUDA_WORKER_BYTES = 8 * 10**9  # a probe run's training and scoring, with room (scripts/gpu_session.sh)
@@ -391,6 +391,6 @@ def record_failure(out: Path, spec, message: str, device: str) -> None:
     prov.update(machine="", machine_detail="")  # the worker's kind is unknown here
     results.merge_rows(out, "runs", [{
         "run_id": spec.run_id, "task": spec.task, "scheme": spec.scheme, "seed": spec.seed,
-        "train_len": spec.original_len, "randomized": t.randomize_positions, "steps": t.steps,
+        "train_len": spec.original_len, "randomized": positions.randomized_column(t), "steps": t.steps,
         "status": "failed", "message": message, **prov,
     }])

@@ -121,3 +121,92 @@ def test_position_draws_flag(randomized_run, tmp_path):
     assert main(["extrapolate", *common, "--position-draws", "2"]) == 0
     assert [r["position_draws"] for r in results.read_rows(tmp_path / "extrapolation.csv")] == ["2"]
     assert main(["extrapolate", *common, "--position-draws", "0"]) == 2
+
+
+# --- real positions (RFS) ------------------------------------------------------------------------
+
+FLOATS = dataclasses.replace(RANDOMIZED, randomize_positions=False, position_sampling="float")
+
+
+def test_float_draws_are_sorted_reals_in_range_and_integer_draws_keep_their_seeds():
+    integer = evaluation_positions(RANDOMIZED, 48, 0)
+    for length in (2, 48, 64):
+        pos = evaluation_positions(FLOATS, length, 0)
+        assert pos.dtype == torch.float32 and pos.shape == (length,)
+        assert bool((pos[1:] >= pos[:-1]).all()) and 0 <= float(pos[0]) and float(pos[-1]) < 64
+        assert not torch.equal(pos, pos.round())  # reals, not integers
+    assert torch.equal(evaluation_positions(RANDOMIZED, 48, 0), integer)  # the integer draw is the one it was
+    gen = torch.Generator().manual_seed(0)
+    from posbench.positions import training_positions, training_bound
+
+    train_pos = training_positions(FLOATS, gen)
+    assert train_pos.dtype == torch.float32 and train_pos.shape == (16,) and float(train_pos.max()) < 64
+    assert training_bound(FLOATS) == 64
+
+
+def test_float_sampling_names_its_runs_and_leaves_every_other_run_id():
+    plain = RunSpec("rope", train=TINY_TRAIN)
+    assert "position_sampling" not in plain.identity()["train"]
+    assert RunSpec("rope", train=dataclasses.replace(TINY_TRAIN, position_sampling="integer")).run_id == plain.run_id
+    rfs = RunSpec("rope", train=dataclasses.replace(TINY_TRAIN, position_sampling="float"))
+    assert rfs.run_id != plain.run_id and rfs.identity()["train"]["randomize_max"] == 2048
+    ints = RunSpec("rope", train=dataclasses.replace(TINY_TRAIN, randomize_positions=True))
+    assert rfs.run_id != ints.run_id
+
+
+@pytest.mark.parametrize("name", ["rope", "alibi", "xpos"])
+def test_relative_schemes_at_real_positions_read_the_differences(name):
+    """A relative scheme's outputs at real positions move by nothing under a shift by a real 0.37,
+    and at reals they differ from those at the integers nearest them (by ~1e-5 at init, where the
+    attention branch is small: float noise here is ~1e-8)."""
+    from conftest import tiny_model
+
+    model = tiny_model(name)
+    x = torch.randint(0, 50, (2, 12))
+    pos = torch.sort(torch.rand(12, generator=torch.Generator().manual_seed(2)) * 40).values
+    with torch.no_grad():
+        a, b = model(x, pos), model(x, pos + 0.37)
+        c = model(x, pos.round().long())
+    assert torch.allclose(a, b, atol=1e-7)
+    assert not torch.allclose(a, c, atol=1e-6)
+
+
+def test_sinusoidal_rows_at_integer_valued_reals_are_its_table_rows():
+    from conftest import tiny_model
+
+    scheme = tiny_model("sinusoidal").layout.schemes[0]
+    pos = torch.tensor([0, 3, 17, 40])
+    assert torch.allclose(scheme.table(pos.float()), scheme.table(pos), atol=1e-6)
+    half = scheme.table(torch.tensor([2.5]))[0]
+    k = torch.arange(0, 32, 2, dtype=torch.float64) / 32
+    assert half[0::2].tolist() == pytest.approx(torch.sin(2.5 / 10000.0 ** k).tolist(), abs=1e-6)
+
+
+@pytest.mark.parametrize("name", ["learned", "t5", "none", "rope@w4/t5"])
+def test_schemes_of_integer_tables_refuse_real_positions_by_name(name, corpus_dir, tmp_path, capsys):
+    from posbench.cli import main
+
+    rc = main(["train", "--scheme", name, "--position-sampling", "float", "--data", f"files:{corpus_dir}",
+               "--runs-dir", str(tmp_path), "--train-len", "16", "--steps", "1", "--tokenizer", "bytes",
+               "--device", "cpu"])
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert rc != 0 and "Traceback" not in err and "--position-sampling float" in last
+    refused = "t5" if name == "rope@w4/t5" else name
+    assert f"float: {refused} of " in last
+
+
+def test_an_rfs_run_trains_and_is_evaluated_on_real_draws(corpus_dir, tmp_path):
+    from posbench import results
+    from posbench.cli import main
+    from posbench.reporting import label
+
+    assert main(["train", "--scheme", "rope", "--position-sampling", "float", "--data", f"files:{corpus_dir}",
+                 "--runs-dir", str(tmp_path), "--train-len", "16", "--steps", "3", "--batch-size", "4",
+                 "--d-model", "32", "--layers", "1", "--heads", "2", "--tokenizer", "bytes", "--device", "cpu"]) == 0
+    assert main(["extrapolate", "--runs-dir", str(tmp_path), "--lengths", "16,64", "--tokens", "64",
+                 "--device", "cpu", "--position-draws", "2"]) == 0
+    rows = results.read_rows(tmp_path / "extrapolation.csv")
+    assert {r["position_sampling"] for r in rows} == {"float"} and all(r["status"] == "ok" for r in rows)
+    assert {label(r) for r in rows} == {"rope+rfs"}
+    assert [r["randomized"] for r in results.read_rows(tmp_path / "runs.csv")] == ["float"]

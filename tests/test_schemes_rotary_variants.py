@@ -1,4 +1,4 @@
-"""The 2025-26 schemes of the catalogue: pope, dape, fope, resonance, rope-pp (cable sits with fox in
+"""The 2025-26 schemes of the catalogue: pope, dape, fope, resonance, rope-pp, accum-rope (cable sits with fox in
 test_schemes_gates.py). Each is checked against its reference's formula, with numbers computed
 from it, and trained and extrapolated to 16x from the command line."""
 
@@ -469,9 +469,87 @@ def test_rope_pp_trains_and_extrapolates_to_16x_with_yarn_from_the_command_line(
     assert [r["backend"] for r in results.read_rows(tmp_path / "runs.csv")] == ["sdpa-causal"]
 
 
+# --- accum-rope --------------------------------------------------------------------------------
+
+def accum_angles(scheme, x, layer):
+    """Phi (B, H, T, D/2) float64 by a loop over the paper's sums: delta_t = softplus(w_h . x_t + b_h),
+    Phi_t = theta_p sum_{s <= t} delta_s."""
+    w, b = scheme.step_weight[layer].detach().double(), scheme.step_bias[layer].detach().double()
+    theta = scheme.p["base"] ** -(torch.arange(0, scheme.head_dim, 2, dtype=torch.float64) / scheme.head_dim)
+    batch, t, _ = x.shape
+    phi = torch.zeros(batch, scheme.n_heads, t, scheme.head_dim // 2, dtype=torch.float64)
+    for i in range(t):
+        for s in range(i + 1):
+            phi[:, :, i] += F.softplus(x[:, s].double() @ w.T + b)[..., None] * theta
+    return phi
+
+
+def test_accum_rope_logit_turns_by_the_steps_between_key_and_query():
+    """q_i'.k_j' = sum_p Re[q~_p conj(k~_p) e^{i (Phi_i - Phi_j)_p}], and Phi_i - Phi_j sums the steps of
+    tokens j+1..i only: changing token j's input leaves the angle between j and i unchanged."""
+    scheme = make("accum-rope", d_head=4, heads=2, layers=2)
+    with torch.no_grad():
+        scheme.step_weight.normal_(0, 0.5)
+        scheme.step_bias.normal_(0, 0.5)
+    x = torch.randn(1, 5, 8)
+    q, k = torch.randn(2, 1, 2, 5, 4).unbind(0)
+    with torch.no_grad():
+        q2, k2 = scheme.rotate(q, k, None, None, 1, scheme.content(x, 1))
+    phi = accum_angles(scheme, x, 1)  # (1, H, T, 2)
+    qc = torch.complex(q[..., :2].double(), q[..., 2:].double())
+    kc = torch.complex(k[..., :2].double(), k[..., 2:].double())
+    between = phi[..., :, None, :] - phi[..., None, :, :]  # (1, H, T, T, 2): Phi_i - Phi_j
+    turn = torch.polar(torch.ones_like(between), between)
+    want = (qc[..., :, None, :] * kc[..., None, :, :].conj() * turn).real.sum(-1)
+    assert torch.allclose(q2 @ k2.mT, want.float(), atol=1e-5)
+    moved = x.clone()
+    moved[:, 1] += 1.0
+    gap = phi[:, :, 4] - phi[:, :, 1]
+    moved_phi = accum_angles(scheme, moved, 1)
+    assert torch.allclose(moved_phi[:, :, 4] - moved_phi[:, :, 1], gap)
+    assert not torch.allclose(moved_phi[:, :, 4] - moved_phi[:, :, 0], phi[:, :, 4] - phi[:, :, 0])
+
+
+def test_accum_rope_numbers_by_hand():
+    """D = 2, one head, w = (1, 0), b = 0: x_0 = (0, 0) steps softplus(0) = ln 2, x_1 = (ln 3, 0) steps
+    ln 4. The logit of q_1 = (1, 0) on k_0 = (1, 0) is cos(ln 4) / sqrt(2); with the values rotated,
+    the output of query 1 attending to key 0 alone reads v_0 = (1, 0) turned by -ln 4."""
+    scheme = make("accum-rope", d_head=2, heads=1, layers=1)
+    with torch.no_grad():
+        scheme.step_weight.copy_(torch.tensor([[[1.0, 0.0]]]))
+        scheme.step_bias.zero_()
+    x = torch.tensor([[[0.0, 0.0], [math.log(3), 0.0]]])
+    unit = torch.tensor([1.0, 0.0]).expand(1, 1, 2, 2)
+    with torch.no_grad():
+        z = scheme.content(x, 0)
+        q2, k2 = scheme.rotate(unit, unit, None, None, 0, z)
+        logit = (q2 @ k2.mT)[0, 0, 1, 0] * scheme.qk_scale
+        attn = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+        out = scheme.turn_output(attn @ scheme.turn_values(unit, None, None, 0, z), None, None, 0, z)
+    assert float(logit) == pytest.approx(math.cos(math.log(4)) / math.sqrt(2), abs=1e-6)
+    assert out[0, 0, 1].tolist() == pytest.approx([math.cos(math.log(4)), -math.sin(math.log(4))], abs=1e-6)
+    assert out[0, 0, 0].tolist() == pytest.approx([1.0, 0.0], abs=1e-6)
+
+
+@pytest.mark.parametrize("values", [False, True])
+def test_accum_rope_with_unit_steps_is_rope_unless_it_turns_the_values(values):
+    """w = 0, b = softplus^-1(1): every step 1, Phi_t = (t + 1) theta: rope's logits; the value rotation
+    then changes the outputs (the value of key j read turned by -(i - j) theta)."""
+    rope = tiny_model("rope")
+    model = tiny_model("accum-rope", values=values)
+    missing, unexpected = model.load_state_dict(rope.state_dict(), strict=False)
+    assert not unexpected and all(k.startswith("layout.") for k in missing)
+    with torch.no_grad():
+        model.layout.schemes[0].step_weight.zero_()
+        x = torch.randint(0, 50, (2, 12))
+        same = torch.allclose(model(x), rope(x), atol=1e-5)
+    assert same != values
+    assert ("vo" in model.layout.schemes[0].hooks) == values
+
+
 # --- all of them from the command line ---------------------------------------------------------
 
-NEW = ("pope", "dape", "cable", "fope", "resonance")
+NEW = ("pope", "dape", "cable", "fope", "resonance", "accum-rope")
 
 
 def test_train_and_extrapolate_to_16x_from_the_command_line(corpus_dir, tmp_path):
@@ -488,5 +566,5 @@ def test_train_and_extrapolate_to_16x_from_the_command_line(corpus_dir, tmp_path
     assert all(r["status"] == "ok" and math.isfinite(float(r["ppl"])) for r in rows)
     backends = {r["scheme"]: r["backend"] for r in results.read_rows(tmp_path / "runs.csv")}
     assert backends == {"pope": "sdpa-causal", "dape": "explicit", "cable": "sdpa-bias",
-                        "fope": "sdpa-causal", "resonance": "sdpa-causal"}
+                        "fope": "sdpa-causal", "resonance": "sdpa-causal", "accum-rope": "sdpa-causal"}
     assert attention.choose_backend(copy.deepcopy(make("cable", d_head=16)), "cuda") == "flex"

@@ -12,7 +12,7 @@ from torch import nn
 from posbench.errors import PosbenchError
 from posbench.schemes.base import MAX_SIZE, Scheme, at_least, below, between, frequency_base, one_of, positive, size
 from posbench.schemes.registry import register
-from posbench.schemes.tables import GrowingTable, position_count, sinusoid
+from posbench.schemes.tables import GrowingTable, position_count, sinusoid, sinusoid_at
 
 
 def hierarchical_table(p: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -78,6 +78,7 @@ class Sinusoidal(Scheme):
     p_{k,2i} = sin(k / 10000^(2i/d)), p_{k,2i+1} = cos(k / 10000^(2i/d))."""
 
     name = "sinusoidal"
+    float_positions = True
     formula = "h_k = x_k + p_k, p_{k,2i} = sin(k / base^(2i/d)), p_{k,2i+1} = cos(k / base^(2i/d))"
     family = "absolute"
     hooks = ("input",)
@@ -89,7 +90,8 @@ class Sinusoidal(Scheme):
 
     def __init__(self, dims):
         super().__init__(dims)
-        self.table = GrowingTable(lambda n, dev: sinusoid(n, dims.d_model, self.p["base"], dev))
+        self.table = GrowingTable(lambda n, dev: sinusoid(n, dims.d_model, self.p["base"], dev),
+                                  lambda pos: sinusoid_at(pos, dims.d_model, self.p["base"]))
 
     def embed(self, x, idx, pos):
         return x + self.table(pos, self.position_bound).to(x.dtype)

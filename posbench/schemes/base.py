@@ -22,6 +22,10 @@ d model width. `pos` is a (T,) long tensor of explicit positions shared by the b
                                                ``logits(q, k, pos, ctx, layer, z)``,
                                                ``rotate(q, k, pos, ctx, layer, z)``
 - values  ``values(attn, pos, ctx, layer) -> o``  a term added to attn @ v, (B, H, T, D)
+- vo      ``turn_values(v, pos, ctx, layer) -> v``,  v (B, H, T, D) before attention and the
+          ``turn_output(y, pos, ctx, layer) -> y``   head's output y (B, H, T, D) after it, each
+                                               linear (accum-rope's value rotation); with a
+                                               content hook z comes sixth, as for rotate
 - gate    ``gate(x, layer) -> c``              per-token scalars from the layer's input x
                                                (B, T, d): c (B, H, T) float32, added to the
                                                logits as c_i - c_j (the parameters of every layer
@@ -44,7 +48,7 @@ from torch import nn
 from posbench.errors import PosbenchError, did_you_mean
 from posbench.schemes.tables import position_count
 
-HOOKS = ("input", "mixer", "qk", "bias", "logits", "content", "values", "gate", "weights")
+HOOKS = ("input", "mixer", "qk", "bias", "logits", "content", "values", "vo", "gate", "weights")
 MAX_INT = 2**31 - 1  # bounds every integer setting: larger ones overflow tensors long before use
 
 
@@ -184,6 +188,10 @@ class Scheme(nn.Module):
     ranges: ClassVar[dict[str, Range]] = {}
     relative: ClassVar[bool] = False  # outputs unchanged when every position shifts by a constant
     takes_positions: ClassVar[bool] = True  # integer positions (the randomized modifier applies)
+    # Reads positions as numbers, so real ones between integers mean something: the scheme takes
+    # `--position-sampling float` (RFS, posbench.positions). A table of learned rows or of distance
+    # buckets does not.
+    float_positions: ClassVar[bool] = False
     owns_token_embedding: ClassVar[bool] = False  # the input hook builds token embeddings itself
     extensions: ClassVar[tuple[str, ...]] = ()  # eval-time policies past position_limit()
     # Parameters added after the scheme first shipped: see `identity_params`.
@@ -295,6 +303,12 @@ class Scheme(nn.Module):
         raise NotImplementedError
 
     def values(self, attn, pos, ctx, layer: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def turn_values(self, v, pos, ctx, layer: int):
+        raise NotImplementedError
+
+    def turn_output(self, y, pos, ctx, layer: int):
         raise NotImplementedError
 
     def gate(self, x: torch.Tensor, layer: int) -> torch.Tensor:

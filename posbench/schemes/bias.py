@@ -39,6 +39,7 @@ class ALiBi(Scheme):
     m_h (`alibi_slopes`), not scaled by 1/sqrt(D). No position is added to the embeddings."""
 
     name = "alibi"
+    float_positions = True
     formula = "s_ij = q_i.k_j / sqrt(D) - m_h (i - j), m_h fixed geometric slopes (1/2 ... 1/256 for 8 heads)"
     family = "bias"
     relative = True

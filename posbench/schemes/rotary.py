@@ -1,5 +1,5 @@
 """Rotary schemes: q and k rotated by position in every attention layer (posbench/docs/schemes.md:
-rope, p-rope, resonance, rope-pp, pope, fope, xpos, grape, selective-rope).
+rope, p-rope, resonance, rope-pp, pope, fope, xpos, grape, selective-rope, accum-rope).
 
 Layout: half-split (GPT-NeoX): pair t is (x_t, x_{t + r/2}), t < r/2, over the r rotated dims. It
 equals the interleaved layout of the RoFormer paper up to a fixed permutation of head dimensions,
@@ -156,12 +156,14 @@ def angle_table(inv: torch.Tensor, mscale: float = 1.0, period: torch.Tensor | N
     float64. With an integer `period` per pair, of (k mod period) * inv: the pair then repeats
     exactly, bit for bit, every `period` positions."""
 
-    def build(n, device):
-        k = torch.arange(n, dtype=torch.float64)[:, None]
-        angle = (k if period is None else k.remainder(period)) * inv
-        return (torch.stack([angle.cos(), angle.sin()], dim=1) * mscale).float().to(device)
+    def rows(k):  # k (n, 1) float64, on the device the rows are wanted on
+        angle = (k if period is None else k.remainder(period.to(k.device))) * inv.to(k.device)
+        return (torch.stack([angle.cos(), angle.sin()], dim=1) * mscale).float()
 
-    return GrowingTable(build)
+    def build(n, device):
+        return rows(torch.arange(n, dtype=torch.float64)[:, None]).to(device)
+
+    return GrowingTable(build, lambda pos: rows(pos.double()[:, None]))
 
 
 def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -246,6 +248,7 @@ class RoPE(Scheme):
     (pi, ntk, yarn, longrope: posbench.extending) keeps it as its `trained` scaling. q, k (B, H, T, D)."""
 
     name = "rope"
+    float_positions = True
     formula = ("pair t of q at m turned by m theta_t, of k at n by n theta_t, theta_t = base^(-2t/r), r = "
                "floor(fraction D) dims rotated; q.k depends on m - n only")
     family = "rotary"
@@ -518,6 +521,7 @@ class PoPE(Scheme):
     one head dim, and here q, k are 2D wide."""
 
     name = "pope"
+    float_positions = True
     formula = ("s_ij = sum_c softplus(q_c) softplus(k_c) cos((j - i) theta_c + delta_c) / sqrt(D), theta_c ="
                " base^(-c/D), delta learned in [-2 pi, 0]")
     family = "rotary"
@@ -602,6 +606,7 @@ class FoPE(Scheme):
     sdpa-causal (flash on CUDA)."""
 
     name = "fope"
+    float_positions = True
     formula = ("pair m of q at n becomes (q_m C_m(n) - q_{m+D/2} S_m(n), q_{m+D/2} C_m(n) + q_m S_m(n)), C_m"
                " = sum_k A^c_km cos(omega_k n), S_m = sum_k A^s_km sin(omega_k n), A fixed random, omega_k <"
                " 2 pi / L dropped")
@@ -662,6 +667,7 @@ class XPos(Scheme):
     """
 
     name = "xpos"
+    float_positions = True
     formula = ("rope with pair t of q at m scaled by zeta_t^(m/gamma) and of k at n by zeta_t^(-n/gamma), so"
                " the logit carries zeta_t^((m - n)/gamma), zeta_t = (2t/D + 0.4) / 1.4")
     family = "rotary"
@@ -831,3 +837,77 @@ class SelectiveRoPE(Scheme):
     def rotate(self, q, k, pos, ctx, layer, content):
         cos, sin = content
         return rotate_half(q.float(), cos, sin).to(q.dtype), rotate_half(k.float(), cos, sin).to(k.dtype)
+
+
+STEP_INIT = math.log(math.e - 1)  # softplus(b) = 1: every step one position, RoPE's angles
+
+
+@register
+class AccumRoPE(Scheme):
+    """Accumulated-angle RoPE (arXiv 2606.24975): RoPE whose angles are running sums of angles
+    each token contributes, a simpler relative of PaTH (`path`), where a token contributes a
+    rotation of RoPE's planes instead of a Householder step. Per layer and head, token t adds
+
+        delta_{t,h} = softplus(w_h . x_t + b_h)       x_t the layer's input (after the norm)
+        Phi_{t,h,p} = theta_p sum_{s <= t} delta_{s,h},   theta_p = base^(-2p/D)
+
+    and pair p of q_t and k_t turns by Phi_{t,h,p} (half-split, as `rope`), so q_i.k_j turns by
+    theta_p sum_{j < s <= i} delta_s: the steps of the tokens after the key up to the query. With
+    `values` (the paper rotates the values too), v_j turns by Phi_j and the head's output o_i back
+    by -Phi_i: o_i = sum_j a_ij R(Phi_j - Phi_i) v_j, each value read through the angle between
+    it and the query, as the logit is. With w = 0 and b = softplus^-1(1) every step is 1,
+    Phi_t = (t + 1) theta_p, and the logits are `rope`'s. The step's parametrization (a scalar per
+    head and token, softplus of a linear map of the layer input) is posbench's: the paper's full
+    text was not available here and it publishes no code, so the tests check the formula above by
+    hand-computed numbers, not numbers of a reference.
+
+    No position index is read: outputs are unchanged under any shift of positions, and past the
+    training length the angles keep growing by the tokens' own steps. Steps, cumulative sums and
+    rotations in float32; w (L, H, d) N(0, 0.02), b (L, H) at softplus^-1(1), one per layer and
+    head, undecayed. The value rotation is linear in v and in the head's output, so every
+    attention path serves (sdpa-causal, flash on CUDA). q, k, v (B, H, T, D)."""
+
+    name = "accum-rope"
+    formula = ("pair p of q_t, k_t turned by Phi_t = theta_p sum_{s<=t} delta_s, delta_s = softplus(w_h . x_s + b_h); "
+               "values: v_j turned by Phi_j, the output o_i back by -Phi_i")
+    family = "rotary"
+    relative = True
+    takes_positions = False
+    hooks = ("content", "qk", "vo")
+    reference = "Accumulated-angle RoPE, arXiv:2606.24975"
+    notes = ("RoPE angles as running sums of per-token steps softplus(w.x + b) per layer and head (1 at "
+             "init: rope); values=true also turns v by its angle and the output back by the query's; "
+             "the step's form is posbench's (no public code)")
+    defaults = {"base": 10000.0, "values": True}
+    ranges = {"base": frequency_base}
+    no_weight_decay = ("step_bias",)
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        if self.head_dim % 2:
+            raise PosbenchError(f"{self.name} needs an even head dimension, got {self.head_dim}")
+        self.step_weight = nn.Parameter(torch.randn(dims.n_layers, dims.n_heads, dims.d_model) * 0.02)
+        self.step_bias = nn.Parameter(torch.full((dims.n_layers, dims.n_heads), STEP_INIT))
+        theta = self.p["base"] ** -(torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
+        self.register_buffer("theta", theta, persistent=False)  # (D/2,)
+        if not self.p["values"]:
+            self.hooks = ("content", "qk")
+
+    def content(self, x, layer):
+        """x (B, T, d) -> cos, sin (B, H, T, D/2) of this layer's accumulated angles, float32."""
+        step = F.softplus(x.float() @ self.step_weight[layer].T + self.step_bias[layer])  # (B, T, H)
+        total = step.cumsum(1).transpose(1, 2)  # (B, H, T)
+        angle = total[..., None] * self.theta  # (B, H, T, D/2)
+        return angle.cos(), angle.sin()
+
+    def rotate(self, q, k, pos, ctx, layer, content):
+        cos, sin = content
+        return rotate_half(q.float(), cos, sin).to(q.dtype), rotate_half(k.float(), cos, sin).to(k.dtype)
+
+    def turn_values(self, v, pos, ctx, layer, content):
+        cos, sin = content
+        return rotate_half(v.float(), cos, sin).to(v.dtype)
+
+    def turn_output(self, y, pos, ctx, layer, content):
+        cos, sin = content
+        return rotate_half(y.float(), cos, -sin).to(y.dtype)

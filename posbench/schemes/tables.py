@@ -6,6 +6,8 @@ from typing import Callable
 
 import torch
 
+from posbench.errors import PosbenchError
+
 
 def position_count(pos: torch.Tensor, bound: int | None = None) -> int:
     """max(pos) + 1. Reading it waits for the device, and inside torch.compile it splits the graph
@@ -20,13 +22,21 @@ def position_count(pos: torch.Tensor, bound: int | None = None) -> int:
 class GrowingTable:
     """Rows for positions 0..n-1 from ``build(n, device)``, rebuilt larger when a position past the
     end arrives. ``build`` must compute row k independently of n, so a table grown to 2T and then
-    read at T equals one built at T."""
+    read at T equals one built at T. With ``at(pos)``, the rows at real positions pos (float (T,)),
+    by the same formula: a table of a function of the position, not of learned integer rows, which
+    real positions (posbench.positions, RFS) read there instead."""
 
-    def __init__(self, build: Callable[[int, torch.device], torch.Tensor]):
+    def __init__(self, build: Callable[[int, torch.device], torch.Tensor],
+                 at: Callable[[torch.Tensor], torch.Tensor] | None = None):
         self.build = build
+        self.at = at
         self.table: torch.Tensor | None = None
 
     def __call__(self, pos: torch.Tensor, bound: int | None = None) -> torch.Tensor:
+        if pos.is_floating_point():
+            if self.at is None:
+                raise PosbenchError("real positions reach a table of integer positions")
+            return self.at(pos)
         need = position_count(pos, bound)
         t = self.table
         if t is None or t.shape[0] < need or t.device != pos.device:
@@ -40,7 +50,11 @@ class GrowingTable:
 
 def sinusoid(n: int, dim: int, base: float, device=None) -> torch.Tensor:
     """(n, dim) table, interleaved: column 2i is sin(k / base^(2i/dim)), 2i+1 is cos."""
-    k = torch.arange(n, device=device, dtype=torch.float64)[:, None]
-    inv = base ** (-torch.arange(0, dim, 2, device=device, dtype=torch.float64) / dim)
-    angle = k * inv  # (n, dim/2)
+    return sinusoid_at(torch.arange(n, device=device, dtype=torch.float64), dim, base)
+
+
+def sinusoid_at(k: torch.Tensor, dim: int, base: float) -> torch.Tensor:
+    """(len(k), dim) rows of `sinusoid` at positions k (any reals), computed in float64."""
+    inv = base ** (-torch.arange(0, dim, 2, device=k.device, dtype=torch.float64) / dim)
+    angle = k.double()[:, None] * inv  # (n, dim/2)
     return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(1).float()
