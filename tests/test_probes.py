@@ -7,6 +7,7 @@ import contextlib
 import random
 import re
 import shutil
+from collections import Counter
 
 import pandas as pd
 import pytest
@@ -68,6 +69,8 @@ def solve(name: str, e) -> list[str]:
         return ["".join(before[i + 3: before.index(".", i)])]
     if name in ("copy", "reverse", "sort", "parity", "addition"):
         return algorithmic(name, before)
+    if name in ("cwe", "fwe"):
+        return most_frequent(name, before, len(e.answers))
     q = question(before)
     asked = [s for s in q[: q.index("?")] if s in KEYS]  # the keys asked for, before the answer prefix
     text = needles(before[: -len(q)])
@@ -87,6 +90,14 @@ def solve(name: str, e) -> list[str]:
             if "".join(source) == value or (source[:1] == ["var"] and source[1] in holding):
                 holding.append(target)
     return holding
+
+
+def most_frequent(name: str, before: list[str], n: int) -> list[str]:
+    """The n most frequent words of the text before the question: cwe's in the order each first
+    occurs, fwe's the most frequent first."""
+    text = [s for s in before[: len(before) - len(question(before))] if s in KEYS + VALUES]
+    top = [w for w, _ in Counter(text).most_common(n)]
+    return sorted(top, key=text.index) if name == "cwe" else top
 
 
 def algorithmic(name: str, before: list[str]) -> list[str]:
