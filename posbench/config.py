@@ -100,6 +100,12 @@ class EvalConfig:
     learned_extension: tuple[str, ...] = knob(("none",), "learned-table extensions: none,hierarchical",
                                               flag=True)
     position_buckets: int = knob(16, "buckets of the loss-by-position table", positive)
+    key_tokens: bool = knob(True, "key-token perplexity (LongPPL): compare every token past the training length "
+                            "with its loss given only the last train_len tokens", flag=True)
+    key_drop: float = knob(2.0, "key tokens: the loss drop from the short to the whole window above it "
+                           "(LongPPL alpha)", non_negative, flag=True)
+    key_loss: float = knob(2.0, "key tokens: the loss with the whole window below it (LongPPL -beta)", positive,
+                           flag=True)
     position_draws: int = knob(4, "randomized runs: position draws averaged per length", positive, flag=True)
     effective_tolerance: float = knob(TOLERANCE, "effective length: perplexity within this fraction of "
                                       "in-distribution", non_negative, flag="tolerance")

@@ -47,8 +47,8 @@ TABLES: dict[str, dict[str, list[str]]] = {
         "key": ["run_id", "eval_len", "mode", "stride", "scaling", "extension"],
         "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "eval_len", "ratio",
                     "mode", "stride", "scaling", "extension", "position_draws", "tokens", "loss",
-                    "ppl", "loss_se", "ppl_lo", "ppl_hi", "backend", "status", "reason",
-                    "parent_run", "extend_method", "extend_len", "extend_steps"] + PROVENANCE,
+                    "ppl", "loss_se", "ppl_lo", "ppl_hi", "key_ppl", "key_share", "key_tokens", "backend", "status",
+                    "reason", "parent_run", "extend_method", "extend_len", "extend_steps"] + PROVENANCE,
     },
     # Each scored window's mean loss: what posbench.pairing pairs between two models.
     "windows": {
@@ -106,7 +106,8 @@ EXTENSION = {"parent_run", "extend_method", "extend_len", "extend_steps"}  # pos
 ADDED_LATER: dict[str, set[str]] = {
     "runs": {"model_flops_per_second", "mfu", "mfu_peak", "compile", "stopped_at", "final_val_accuracy", "plugins",
              "scored_tokens", "padding_tokens", "weights_sha256", *EXTENSION, *MACHINE},
-    "extrapolation": {"position_draws", "loss_se", "ppl_lo", "ppl_hi", *EXTENSION, *MACHINE},
+    "extrapolation": {"position_draws", "loss_se", "ppl_lo", "ppl_hi", "key_ppl", "key_share", "key_tokens", *EXTENSION,
+                      *MACHINE},
     "windows": {"params", "position_draws", *EXTENSION},
     "positions": {"train_len"},
     "probes": {"acc_lo", "acc_hi", "answers", "exact", "exact_match", "em_lo", "em_hi", "chance", *EXTENSION,
@@ -120,12 +121,13 @@ ADDED_LATER: dict[str, set[str]] = {
 INTEGERS = {"seed", "train_len", "steps", "tokens", "n_params", "eval_len", "stride", "position_draws",
             "window", "start", "bucket", "position_start", "position_end", "trials", "hits", "max_len",
             "effective_len", "batch", "heads", "head_dim", "seq_len", "stopped_at", "answers", "exact", "extend_len",
-            "extend_steps", "scored_tokens", "padding_tokens", "layer", "head", "windows", "far_from"}
+            "extend_steps", "scored_tokens", "padding_tokens", "layer", "head", "windows", "far_from",
+            "key_tokens"}
 NUMBERS = {"final_train_loss", "final_val_loss", "unigram_val_loss", "train_seconds", "tokens_per_second",
            "model_flops_per_second", "mfu", "ratio", "loss", "ppl", "loss_se", "ppl_lo", "ppl_hi",
            "accuracy", "acc_lo", "acc_hi", "reference", "criterion", "median_ms", "iqr_ms", "tflops",
            "peak_mem_mb", "ratio_vs_none", "final_val_accuracy", "exact_match", "em_lo", "em_hi", "chance",
-           "entropy", "entropy_norm", "distance", "sink_mass", "far_mass"}
+           "entropy", "entropy_norm", "distance", "sink_mass", "far_mass", "key_ppl", "key_share"}
 
 
 def _check_cell(path: Path, line: int, column: str, value: str) -> None:
