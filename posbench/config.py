@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 from posbench import plugins
 from posbench.data import DataConfig
-from posbench.effective import LEARNED, THRESHOLD, TOLERANCE
+from posbench.effective import LEARNED, SHARE, THRESHOLD, TOLERANCE
 from posbench.errors import PosbenchError, did_you_mean
 from posbench.model import ModelConfig
 from posbench.knobs import check_fields, knob
@@ -111,6 +111,8 @@ class EvalConfig:
                                       "in-distribution", non_negative, flag="tolerance")
     effective_threshold: float = knob(THRESHOLD, "effective length of probes: accuracy this far from chance "
                                       "to 1", between(0, 1))
+    effective_share: float = knob(SHARE, "effective length of probes, relative basis: accuracy at least this share "
+                                  "of the run's own at the training length (NoLiMa)", between(0, 1), flag="share")
     learned_threshold: float = knob(LEARNED, "probes: in-length accuracy below it reads `not learned`",
                                     between(0, 1))
 

@@ -76,7 +76,7 @@ TABLES: dict[str, dict[str, list[str]]] = {
     # 0.1 each keep their rows.
     "effective_length": {
         "key": ["run_id", "metric", "protocol", "scaling", "extension", "criterion"],
-        "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "metric", "protocol",
+        "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "metric", "protocol", "basis",
                     "scaling", "extension", "position_draws", "reference", "criterion", "max_len",
                     "effective_len", "ratio", "status", "parent_run", "extend_method", "extend_len",
                     "extend_steps"] + PROVENANCE,
@@ -112,7 +112,7 @@ ADDED_LATER: dict[str, set[str]] = {
     "positions": {"train_len"},
     "probes": {"acc_lo", "acc_hi", "answers", "exact", "exact_match", "em_lo", "em_hi", "chance", *EXTENSION,
                *MACHINE},
-    "effective_length": {"position_draws", *EXTENSION, *MACHINE},
+    "effective_length": {"position_draws", "basis", *EXTENSION, *MACHINE},
     "speed": {"device_name"},
 }
 

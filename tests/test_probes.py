@@ -472,9 +472,12 @@ def test_run_trains_one_model_per_probe_and_scheme_and_resumes(probe_run):
     assert "not learned in length" in report and "Not learned in length (no extrapolation reading)" in report
     # one effective length per run and probe, every one `not learned`
     effective_rows = results.read_rows(out / "effective_length.csv")
-    accuracy = [r for r in effective_rows if r["metric"] == "accuracy"]
+    accuracy = [r for r in effective_rows if r["metric"] == "accuracy" and r["basis"] == "absolute"]
     assert sorted((r["run_id"], r["protocol"]) for r in accuracy) == sorted({(r["run_id"], r["probe"]) for r in rows})
     assert {r["status"] for r in accuracy} == {"not learned"} and "| not learned" in report
+    relative = [r for r in effective_rows if r["basis"] == "relative" and r["metric"] == "accuracy"]
+    assert sorted(r["protocol"] for r in relative) == sorted(f"{r['protocol']}/relative" for r in accuracy)
+    assert "copy/relative" in report and "relative basis" in report
     assert (out / "probe_copy.png").stat().st_size > 1000
 
 
