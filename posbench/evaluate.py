@@ -251,7 +251,8 @@ class KeyTokens:
         """Windows (B, L + 1) and their whole-window losses (B, L), scored from index `first`."""
         if tokens.shape[1] - 1 <= self.context:
             return
-        short = short_losses(self.scorer, tokens, self.context)[:, first:]
+        with observe(None):  # the short windows' attention is no part of the length's measures
+            short = short_losses(self.scorer, tokens, self.context)[:, first:]
         full = full[:, first:].double().cpu()
         compared = ~short.isnan()
         key = compared & (short - full > self.drop) & (full < self.ceiling)
