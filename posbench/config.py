@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 from posbench import plugins
 from posbench.data import DataConfig
-from posbench.effective import LEARNED, THRESHOLD, TOLERANCE
+from posbench.effective import LEARNED, SHARE, THRESHOLD, TOLERANCE
 from posbench.errors import PosbenchError, did_you_mean
 from posbench.model import ModelConfig
 from posbench.knobs import check_fields, knob
@@ -104,11 +104,19 @@ class EvalConfig:
     learned_extension: tuple[str, ...] = knob(("none",), "learned-table extensions: none,hierarchical",
                                               flag=True)
     position_buckets: int = knob(16, "buckets of the loss-by-position table", positive)
+    key_tokens: bool = knob(True, "key-token perplexity (LongPPL): compare every token past the training length "
+                            "with its loss given only the last train_len tokens", flag=True)
+    key_drop: float = knob(2.0, "key tokens: the loss drop from the short to the whole window above it "
+                           "(LongPPL alpha)", non_negative, flag=True)
+    key_loss: float = knob(2.0, "key tokens: the loss with the whole window below it (LongPPL -beta)", positive,
+                           flag=True)
     position_draws: int = knob(4, "randomized runs: position draws averaged per length", positive, flag=True)
     effective_tolerance: float = knob(TOLERANCE, "effective length: perplexity within this fraction of "
                                       "in-distribution", non_negative, flag="tolerance")
     effective_threshold: float = knob(THRESHOLD, "effective length of probes: accuracy this far from chance "
                                       "to 1", between(0, 1))
+    effective_share: float = knob(SHARE, "effective length of probes, relative basis: accuracy at least this share "
+                                  "of the run's own at the training length (NoLiMa)", between(0, 1), flag="share")
     learned_threshold: float = knob(LEARNED, "probes: in-length accuracy below it reads `not learned`",
                                     between(0, 1))
 

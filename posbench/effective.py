@@ -16,6 +16,16 @@ evaluated length up to which the model still does what it does in-distribution.
   not learn the probe in length (probes.csv status `not learned`) has no effective length: its row
   says `not learned`.
 
+Two bases, named in every row (`basis`) and table: `absolute`, a criterion fixed in advance, as
+RULER's effective length (the longest length scoring above 85.6, Llama-2-7B's score at 4k): the
+probes' criterion above; and `relative`, a criterion drawn from the run's own score at the
+training length, as NoLiMa's (85% of each model's own short-context score), which suits schemes and
+models of different strength: perplexity's tolerance above, and for probes a second row per probe,
+protocol `PROBE/relative`, a length passing when its accuracy is at least `share` (0.85) x the
+run's own accuracy at the training length (the walk's first length). Perplexity has no absolute
+basis: RULER's threshold is an accuracy, and no perplexity means the same across corpora and
+tokenizers.
+
 `status` says how to read a row: `ok`, the walk stopped inside the evaluated range; `censored`,
 every length passed, so the effective length is at least the longest evaluated one (written
 ">=" in tables); `no reference`, nothing at or below the training length (perplexity) or the first
@@ -32,6 +42,7 @@ from posbench import results
 
 TOLERANCE = 0.10  # perplexity within 10% of its in-distribution value (the task's default too)
 THRESHOLD = 0.5  # accuracy at least half-way from chance to 100%
+SHARE = 0.85  # relative basis: accuracy at least 85% of the run's own at the training length (NoLiMa)
 LEARNED = 0.9  # probes: accuracy at the training length below this is `not learned`
 RUN_COLUMNS = ("run_id", "task", "scheme", "params", "seed", "train_len", "parent_run", "extend_method",
                "extend_len", "extend_steps")
@@ -55,9 +66,9 @@ def _number(value) -> float:
 
 
 def _row(first: dict, metric: str, protocol: str, reference: float, criterion: float,
-         lengths: list[int], effective: int | None, status: str) -> dict:
+         lengths: list[int], effective: int | None, status: str, basis: str = "relative") -> dict:
     train_len = int(first["train_len"])
-    return {**{k: first.get(k, "") for k in RUN_COLUMNS}, "metric": metric, "protocol": protocol,
+    return {**{k: first.get(k, "") for k in RUN_COLUMNS}, "metric": metric, "protocol": protocol, "basis": basis,
             "scaling": first.get("scaling", "none"), "extension": first.get("extension", "none"),
             "position_draws": first.get("position_draws", ""), "position_sampling": first.get("position_sampling", ""),
             "reference": reference, "criterion": criterion, "max_len": max(lengths),
@@ -102,9 +113,11 @@ def _perplexity_row(g: list[dict], protocol: str, tolerance: float) -> dict:
     return _row(below[-1], "ppl", protocol, ref, tolerance, lengths, effective, status)
 
 
-def accuracy_rows(rows: list[dict], threshold: float = THRESHOLD) -> list[dict]:
-    """effective_length rows of probes.csv rows, one per run, probe and eval-time variant (scaling,
-    extension); right answers and answers are pooled over the probe's variants (e.g. key depths)."""
+def _accuracy_groups(rows: list[dict]) -> list[tuple[str, dict, list[int], list[tuple[int, float]], bool]]:
+    """Per run, probe and eval-time variant (scaling, extension): the probe, its first row, the
+    evaluated lengths, the pooled accuracy at each length from the training length up (right
+    answers and answers pooled over the probe's variants, e.g. key depths), and whether it was
+    learned in length."""
     groups = defaultdict(lambda: defaultdict(list))
     for r in rows:
         key = (r["run_id"], r["probe"], r["scaling"], r["extension"])
@@ -112,17 +125,40 @@ def accuracy_rows(rows: list[dict], threshold: float = THRESHOLD) -> list[dict]:
     out = []
     for (_, probe, *_), by_len in sorted(groups.items()):
         first = next(iter(by_len.values()))[0]
-        train_len = int(first["train_len"])
         lengths = sorted(by_len)
-        criterion = criterion_for(threshold, _number(first.get("chance")))
-        accuracy = [(n, _pooled(by_len[n])) for n in lengths if n >= train_len]
-        reference = accuracy[0][1] if accuracy else math.nan
-        if any(r["status"] == "not learned" for rs in by_len.values() for r in rs):
-            out.append(_row(first, "accuracy", probe, reference, criterion, lengths, None, "not learned"))
-            continue
-        effective, status = _walk([(n, acc >= criterion) for n, acc in accuracy])
-        out.append(_row(first, "accuracy", probe, reference, criterion, lengths, effective, status))
+        accuracy = [(n, _pooled(by_len[n])) for n in lengths if n >= int(first["train_len"])]
+        learned = not any(r["status"] == "not learned" for rs in by_len.values() for r in rs)
+        out.append((probe, first, lengths, accuracy, learned))
     return out
+
+
+def accuracy_rows(rows: list[dict], threshold: float = THRESHOLD) -> list[dict]:
+    """effective_length rows of probes.csv rows on the absolute basis: one per run, probe and
+    eval-time variant, a length passing at `threshold` of the way from chance to 1."""
+    out = []
+    for probe, first, lengths, accuracy, learned in _accuracy_groups(rows):
+        criterion = criterion_for(threshold, _number(first.get("chance")))
+        out.append(_accuracy_row(probe, first, lengths, accuracy, learned, criterion, "absolute"))
+    return out
+
+
+def relative_rows(rows: list[dict], share: float = SHARE) -> list[dict]:
+    """effective_length rows of probes.csv rows on the relative basis (NoLiMa's): protocol
+    `PROBE/relative`, a length passing at `share` x the run's own accuracy at the training length."""
+    out = []
+    for probe, first, lengths, accuracy, learned in _accuracy_groups(rows):
+        criterion = share * accuracy[0][1] if accuracy else math.nan
+        out.append(_accuracy_row(f"{probe}/relative", first, lengths, accuracy, learned, criterion, "relative"))
+    return out
+
+
+def _accuracy_row(protocol: str, first: dict, lengths: list[int], accuracy: list[tuple[int, float]],
+                  learned: bool, criterion: float, basis: str) -> dict:
+    reference = accuracy[0][1] if accuracy else math.nan
+    if not learned:
+        return _row(first, "accuracy", protocol, reference, criterion, lengths, None, "not learned", basis)
+    effective, status = _walk([(n, acc >= criterion) for n, acc in accuracy])
+    return _row(first, "accuracy", protocol, reference, criterion, lengths, effective, status, basis)
 
 
 def criterion_for(threshold: float, chance: float) -> float:
@@ -140,10 +176,12 @@ def _pooled(rows: list[dict]) -> float:
     return sum(_number(r["hits"]) for r in rows) / total if total else math.nan
 
 
-def write(directory: Path | str, tolerance: float = TOLERANCE, threshold: float = THRESHOLD) -> list[dict]:
+def write(directory: Path | str, tolerance: float = TOLERANCE, threshold: float = THRESHOLD,
+          share: float = SHARE) -> list[dict]:
     """effective_length.csv from extrapolation.csv and probes.csv in `directory`."""
     rows = perplexity_rows(results.read_rows(results.table_path(directory, "extrapolation")), tolerance)
-    rows += accuracy_rows(results.read_probes(directory), threshold)
+    probes = results.read_probes(directory)
+    rows += accuracy_rows(probes, threshold) + relative_rows(probes, share)
     if rows:
         results.merge_rows(directory, "effective_length", rows)
     return rows

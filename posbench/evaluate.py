@@ -214,19 +214,84 @@ class TrainedScorer:
         return windows_per_forward(length, self.model.cfg.n_heads, self.batch_tokens)
 
 
+def short_losses(scorer: Scorer, tokens: torch.Tensor, context: int) -> torch.Tensor:
+    """Windows of tokens (B, L + 1) -> each target's loss given at most its last `context` tokens
+    (B, L), NaN for the first `context` targets (the whole window gives them no more). Short
+    windows of `context` tokens advance by context / 4 and score their last quarter, so a target
+    reads between 3/4 of `context` and `context` tokens, never more than the short reading's limit
+    (LongPPL's short windows, trunc_len + sliding_window tokens, give its targets trunc_len to
+    trunc_len + sliding_window - 1)."""
+    width = tokens.shape[1] - 1
+    out = torch.full((tokens.shape[0], width), math.nan, dtype=torch.float64)
+    step = max(1, context // 4)
+    for first in range(context, width, step):
+        end = min(first + step, width)  # targets first .. end - 1 read tokens end - context .. t
+        losses = scorer.losses(tokens[:, end - context: end + 1])  # (B, context)
+        out[:, first:end] = losses[:, context - (end - first):].double().cpu()
+    return out
+
+
+@dataclass
+class KeyTokens:
+    """LongPPL's key tokens (Fang et al. 2025, PKU-ML/LongPPL `find_key_token`): a target whose
+    loss with the whole window is lower by more than `drop` than with only its last `context`
+    tokens, and below `ceiling` with the whole window (LongPPL's alpha 2 and beta -2), is a key
+    token: one the model predicts from context beyond `context`. Counts pool every window of a
+    length: the key tokens, their summed loss, and the targets compared (those past `context`)."""
+
+    scorer: Scorer  # reads the short windows (a randomized run: at positions of their length)
+    context: int  # the training length, or a pretrained model's context
+    drop: float
+    ceiling: float
+    keys: int = 0
+    key_loss: float = 0.0
+    compared: int = 0
+
+    def add(self, tokens: torch.Tensor, full: torch.Tensor, first: int) -> None:
+        """Windows (B, L + 1) and their whole-window losses (B, L), scored from index `first`."""
+        if tokens.shape[1] - 1 <= self.context:
+            return
+        with observe(None):  # the short windows' attention is no part of the length's measures
+            short = short_losses(self.scorer, tokens, self.context)[:, first:]
+        full = full[:, first:].double().cpu()
+        compared = ~short.isnan()
+        key = compared & (short - full > self.drop) & (full < self.ceiling)
+        self.compared += int(compared.sum())
+        self.keys += int(key.sum())
+        self.key_loss += float(full[key].sum())
+
+    def columns(self) -> dict:
+        """extrapolation.csv's key-token columns: perplexity on the key tokens, their share of the
+        targets compared, and their count (no share where no target reads past `context`, no
+        perplexity where no target is a key token)."""
+        if not self.compared:
+            return {"key_ppl": None, "key_share": None, "key_tokens": 0}
+        ppl = math.exp(self.key_loss / self.keys) if self.keys else None
+        return {"key_ppl": ppl, "key_share": self.keys / self.compared, "key_tokens": self.keys}
+
+
+def key_tokens(cfg: EvalConfig, scorer: Scorer | None, context: int) -> KeyTokens | None:
+    """A count of key tokens past `context` under `cfg`'s thresholds, or None when cfg asks for none."""
+    return KeyTokens(scorer, context, cfg.key_drop, cfg.key_loss) if cfg.key_tokens else None
+
+
 @torch.inference_mode()
 def score(scorer: Scorer, stream: torch.Tensor, length: int, cfg: EvalConfig, lengths,
-          on_forward: Callable[[torch.Tensor], None] | None = None):
+          on_forward: Callable[[torch.Tensor], None] | None = None, keys: KeyTokens | None = None):
     """Summed loss and count per window index (L,) over every scored window, the window starts (W,)
     and each window's mean loss over its scored tokens (W,): the one perplexity of trained runs and
-    pretrained models alike. `on_forward` sees each forward's window losses (progress)."""
+    pretrained models alike. `on_forward` sees each forward's window losses (progress); `keys`
+    counts the key tokens of the scored targets."""
     starts, first = windows(stream, length, cfg, lengths)
     total = torch.zeros(length, dtype=torch.float64)
     count = torch.zeros(length, dtype=torch.float64)
     per_window = []
     offsets = torch.arange(length + 1)
     for chunk in starts.split(scorer.per_forward(length)):
-        losses = scorer.losses(stream[chunk[:, None] + offsets])  # (B, L)
+        tokens = stream[chunk[:, None] + offsets]  # (B, L + 1)
+        losses = scorer.losses(tokens)  # (B, L)
+        if keys is not None:
+            keys.add(tokens, losses, first)
         scored = losses[:, first:].double().cpu()  # (B, L - first)
         total[first:] += scored.sum(0)
         count[first:] += losses.shape[0]
@@ -265,6 +330,7 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
                    "stride": stride_for(cfg, length), "scaling": variant.scaling_label, "extension": variant.extension,
                    "backend": model.layout.backends(dev, model.backend)}
             total = count = window_loss = 0
+            keys = key_tokens(cfg, None, spec.original_len)
             recorder = Recorder(model.layout.spans, spec.train.train_len) if attention is not None else None
             # The explicit path is the only one that forms the weights: a run already on it is
             # recorded while it is scored, any other by a second pass over the same windows.
@@ -274,7 +340,10 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
                     pos = evaluation_positions(spec.train, length, draw)
                     with observe(recorder if inline else None):
                         scorer = TrainedScorer(model, dev, spec.train.dtype, cfg.batch_tokens, pos)
-                        t, c, starts, w = score(scorer, stream, length, cfg, cfg.lengths)
+                        if keys is not None:  # the short windows at the positions of their own length
+                            keys.scorer = TrainedScorer(model, dev, spec.train.dtype, cfg.batch_tokens,
+                                                        evaluation_positions(spec.train, keys.context, draw))
+                        t, c, starts, w = score(scorer, stream, length, cfg, cfg.lengths, keys=keys)
                     total, count, window_loss = total + t, count + c, window_loss + w
                     if recorder is not None and not inline:
                         record_attention(model, stream, length, cfg, dev, spec.train.dtype, pos, recorder)
@@ -293,7 +362,7 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
             status = "ok" if math.isfinite(loss) else "failed"
             rows.append({**row, "tokens": int(count.sum()), "loss": loss, "ppl": math.exp(loss),
                          **loss_interval(loss, window_loss.tolist(), correlated_windows(cfg.mode, length, row["stride"])),
-                         "status": status, "reason": ""})
+                         **(keys.columns() if keys is not None else {}), "status": status, "reason": ""})
             positions += position_rows(row, total, count, cfg.position_buckets)
             per_window += window_rows(row, starts, window_loss)
             if recorder is not None:

@@ -44,7 +44,7 @@ from posbench import results, ruler
 from posbench.config import EvalConfig, ProbesConfig
 from posbench.data import load_corpus
 from posbench.errors import PosbenchError, first_line
-from posbench.evaluate import (ATTN_BYTES, correlated_windows, loss_interval, position_rows, record, scaling_of,
+from posbench.evaluate import (ATTN_BYTES, correlated_windows, key_tokens, loss_interval, position_rows, record, scaling_of,
                                score, stride_for, window_rows, windows)
 from posbench.extension import columns as extension_columns
 from posbench.progress import Bar
@@ -398,16 +398,18 @@ def extrapolate(spec: str, cfg: EvalConfig, data: str, out: Path, task: str, pro
                 key = distinct(m, scaling, length)
                 reason = ""
                 if key in scored:
-                    reason = f"same frequencies as {scored[key][4]} at this length: scored once"
+                    reason = f"same frequencies as {scored[key][-1]} at this length: scored once"
                 else:
                     bar.start(f"{scaling.label} {length}", len(windows(stream, length, cfg, cfg.lengths)[0]))
-                    done = score(m, stream, length, cfg, cfg.lengths, lambda w: bar.step(f"loss {float(w[-1]):.3f}"))
-                    scored[key] = (*done, scaling.label)
-                total, count, starts, window_loss, _ = scored[key]
+                    keys = key_tokens(cfg, m, m.train_len)
+                    done = score(m, stream, length, cfg, cfg.lengths, lambda w: bar.step(f"loss {float(w[-1]):.3f}"),
+                                 keys)
+                    scored[key] = (*done, keys.columns() if keys is not None else {}, scaling.label)
+                total, count, starts, window_loss, key_columns, _ = scored[key]
                 loss = float(total.sum() / count.sum())
                 rows.append({**row, "tokens": int(count.sum()), "loss": loss, "ppl": math.exp(loss),
                              **loss_interval(loss, window_loss.tolist(), correlated_windows(cfg.mode, length, row["stride"])),
-                             "status": "ok" if math.isfinite(loss) else "failed", "reason": reason})
+                             **key_columns, "status": "ok" if math.isfinite(loss) else "failed", "reason": reason})
                 # each cell as it is done: a long reading stopped midway keeps what it measured
                 record(out, rows[-1:], position_rows(row, total, count, cfg.position_buckets),
                        window_rows(row, starts, window_loss))

@@ -474,7 +474,8 @@ def effective_markdown(rows: list[dict]) -> str:
     return "\n\n".join(parts)
 
 
-def write_report(directory: Path | str, tolerance: float | None = None, threshold: float | None = None) -> Path:
+def write_report(directory: Path | str, tolerance: float | None = None, threshold: float | None = None,
+                 share: float | None = None) -> Path:
     """report.md and PNG plots from the CSVs in `directory`, and effective_length.csv (perplexity
     within `tolerance` of in-distribution, accuracy at least `threshold`)."""
     directory = Path(directory)
@@ -521,12 +522,15 @@ def write_report(directory: Path | str, tolerance: float | None = None, threshol
         md += probes_markdown(probes, directory)
     tolerance = effective.TOLERANCE if tolerance is None else tolerance
     threshold = effective.THRESHOLD if threshold is None else threshold
-    eff = effective.write(directory, tolerance, threshold)
+    share = effective.SHARE if share is None else share
+    eff = effective.write(directory, tolerance, threshold, share)
     if eff:
         md += ["## Effective length", "", f"Per run, the longest evaluated length from the training length "
-               f"up at which perplexity stays within {tolerance:.0%} of its value at the training length, "
-               f"or probe accuracy at least {threshold:.0%} of the way from chance to 100% (≥: held to the "
-               "longest length evaluated; -: no in-distribution value or already below; `not learned`: "
+               f"up at which perplexity stays within {tolerance:.0%} of its value at the training length "
+               f"(relative basis), or probe accuracy at least {threshold:.0%} of the way from chance to 100% "
+               f"(a probe's column: absolute basis, as RULER's fixed score) or at least {share:.0%} of the run's "
+               "own accuracy at the training length (PROBE/relative: relative basis, as NoLiMa's) (≥: held to "
+               "the longest length evaluated; -: no in-distribution value or already below; `not learned`: "
                "below the learned threshold at the training length; one value per seed when they differ).",
                "", effective_markdown(eff), ""]
     if not speed.empty:

@@ -47,8 +47,8 @@ TABLES: dict[str, dict[str, list[str]]] = {
         "key": ["run_id", "eval_len", "mode", "stride", "scaling", "extension"],
         "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "eval_len", "ratio",
                     "mode", "stride", "scaling", "extension", "position_draws", "tokens", "loss",
-                    "ppl", "loss_se", "ppl_lo", "ppl_hi", "backend", "status", "reason",
-                    "parent_run", "extend_method", "extend_len", "extend_steps", "position_sampling"] + PROVENANCE,
+                    "ppl", "loss_se", "ppl_lo", "ppl_hi", "key_ppl", "key_share", "key_tokens", "backend", "status",
+                    "reason", "parent_run", "extend_method", "extend_len", "extend_steps", "position_sampling"] + PROVENANCE,
     },
     # Each scored window's mean loss: what posbench.pairing pairs between two models.
     "windows": {
@@ -77,7 +77,7 @@ TABLES: dict[str, dict[str, list[str]]] = {
     # 0.1 each keep their rows.
     "effective_length": {
         "key": ["run_id", "metric", "protocol", "scaling", "extension", "criterion"],
-        "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "metric", "protocol",
+        "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "metric", "protocol", "basis",
                     "scaling", "extension", "position_draws", "reference", "criterion", "max_len",
                     "effective_len", "ratio", "status", "parent_run", "extend_method", "extend_len",
                     "extend_steps", "position_sampling"] + PROVENANCE,
@@ -108,12 +108,13 @@ SAMPLING = "position_sampling"  # `float` in the rows of an RFS run (posbench.po
 ADDED_LATER: dict[str, set[str]] = {
     "runs": {"model_flops_per_second", "mfu", "mfu_peak", "compile", "stopped_at", "final_val_accuracy", "plugins",
              "scored_tokens", "padding_tokens", "weights_sha256", *EXTENSION, *MACHINE},
-    "extrapolation": {"position_draws", "loss_se", "ppl_lo", "ppl_hi", SAMPLING, *EXTENSION, *MACHINE},
+    "extrapolation": {"position_draws", "loss_se", "ppl_lo", "ppl_hi", "key_ppl", "key_share", "key_tokens", SAMPLING,
+                      *EXTENSION, *MACHINE},
     "windows": {"params", "position_draws", SAMPLING, *EXTENSION},
     "positions": {"train_len"},
     "probes": {"acc_lo", "acc_hi", "answers", "exact", "exact_match", "em_lo", "em_hi", "chance", SAMPLING,
                *EXTENSION, *MACHINE},
-    "effective_length": {"position_draws", SAMPLING, *EXTENSION, *MACHINE},
+    "effective_length": {"position_draws", "basis", SAMPLING, *EXTENSION, *MACHINE},
     "attention": {SAMPLING},
     "speed": {"device_name", "compile"},
 }
@@ -123,12 +124,13 @@ ADDED_LATER: dict[str, set[str]] = {
 INTEGERS = {"seed", "train_len", "steps", "tokens", "n_params", "eval_len", "stride", "position_draws",
             "window", "start", "bucket", "position_start", "position_end", "trials", "hits", "max_len",
             "effective_len", "batch", "heads", "head_dim", "seq_len", "stopped_at", "answers", "exact", "extend_len",
-            "extend_steps", "scored_tokens", "padding_tokens", "layer", "head", "windows", "far_from"}
+            "extend_steps", "scored_tokens", "padding_tokens", "layer", "head", "windows", "far_from",
+            "key_tokens"}
 NUMBERS = {"final_train_loss", "final_val_loss", "unigram_val_loss", "train_seconds", "tokens_per_second",
            "model_flops_per_second", "mfu", "ratio", "loss", "ppl", "loss_se", "ppl_lo", "ppl_hi",
            "accuracy", "acc_lo", "acc_hi", "reference", "criterion", "median_ms", "iqr_ms", "tflops",
            "peak_mem_mb", "ratio_vs_none", "final_val_accuracy", "exact_match", "em_lo", "em_hi", "chance",
-           "entropy", "entropy_norm", "distance", "sink_mass", "far_mass"}
+           "entropy", "entropy_norm", "distance", "sink_mass", "far_mass", "key_ppl", "key_share"}
 
 
 def _check_cell(path: Path, line: int, column: str, value: str) -> None:

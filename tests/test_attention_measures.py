@@ -127,6 +127,13 @@ def test_extrapolate_attention_cli(runs, tmp_path, capsys):
     rows = results.read_rows(out / "attention.csv")
     assert {r["eval_len"] for r in rows} == {"16", "64"} and {r["scheme"] for r in rows} == {"rope"}
     assert (out / "attention.png").stat().st_size > 1000 and (out / "attention_layers.png").exists()
+    # shaw, recorded inline as it is scored: the short windows of key tokens are not measured with the length's
+    inline = {}
+    for flag in ("--key-tokens", "--no-key-tokens"):
+        assert main(["extrapolate", "--runs-dir", str(runs), "--lengths", "64", "--tokens", "64", "--device", "cpu",
+                     "--scheme", "shaw", "--attention", flag, "--out", str(tmp_path / flag)]) == 0
+        inline[flag] = [r["entropy"] for r in results.read_rows(tmp_path / flag / "attention.csv")]
+    assert inline["--key-tokens"] == inline["--no-key-tokens"]
     assert main(["extrapolate", "--runs-dir", str(runs), "--tokens", "64", "--out", str(out)]) == 0
     assert len(results.read_rows(out / "attention.csv")) == len(rows)  # without --attention: untouched
 

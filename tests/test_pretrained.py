@@ -228,6 +228,10 @@ def test_the_commands_write_every_table(folder, tmp_path, capsys):
     assert by[("pi", "32")]["ppl"] == by[("none", "32")]["ppl"]  # s = 1: scored once, said so
     assert "same frequencies as none" in by[("pi", "32")]["reason"]
     assert by[("pi", "64")]["ppl"] != by[("none", "64")]["ppl"]
+    # key tokens: none read past the context at 32; at 64, the 2 x 32 targets past it are compared
+    assert by[("none", "32")]["key_share"] == "" and by[("none", "32")]["key_tokens"] == "0"
+    share = float(by[("none", "64")]["key_share"])
+    assert 0 <= share <= 1 and int(by[("none", "64")]["key_tokens"]) == round(share * 2 * CONTEXT)
     positions = results.read_rows(out / "positions.csv")
     assert max(int(p["position_end"]) for p in positions if p["scaling"] == "none" and p["eval_len"] == "64") == 63
     assert all(math.isfinite(float(r["ppl"])) and r["status"] == "ok" for r in rows)

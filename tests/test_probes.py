@@ -7,6 +7,7 @@ import contextlib
 import random
 import re
 import shutil
+from collections import Counter
 
 import pandas as pd
 import pytest
@@ -68,6 +69,8 @@ def solve(name: str, e) -> list[str]:
         return ["".join(before[i + 3: before.index(".", i)])]
     if name in ("copy", "reverse", "sort", "parity", "addition"):
         return algorithmic(name, before)
+    if name in ("cwe", "fwe"):
+        return most_frequent(name, before, len(e.answers))
     q = question(before)
     asked = [s for s in q[: q.index("?")] if s in KEYS]  # the keys asked for, before the answer prefix
     text = needles(before[: -len(q)])
@@ -87,6 +90,14 @@ def solve(name: str, e) -> list[str]:
             if "".join(source) == value or (source[:1] == ["var"] and source[1] in holding):
                 holding.append(target)
     return holding
+
+
+def most_frequent(name: str, before: list[str], n: int) -> list[str]:
+    """The n most frequent words of the text before the question: cwe's in the order each first
+    occurs, fwe's the most frequent first."""
+    text = [s for s in before[: len(before) - len(question(before))] if s in KEYS + VALUES]
+    top = [w for w, _ in Counter(text).most_common(n)]
+    return sorted(top, key=text.index) if name == "cwe" else top
 
 
 def algorithmic(name: str, before: list[str]) -> list[str]:
@@ -461,9 +472,12 @@ def test_run_trains_one_model_per_probe_and_scheme_and_resumes(probe_run):
     assert "not learned in length" in report and "Not learned in length (no extrapolation reading)" in report
     # one effective length per run and probe, every one `not learned`
     effective_rows = results.read_rows(out / "effective_length.csv")
-    accuracy = [r for r in effective_rows if r["metric"] == "accuracy"]
+    accuracy = [r for r in effective_rows if r["metric"] == "accuracy" and r["basis"] == "absolute"]
     assert sorted((r["run_id"], r["protocol"]) for r in accuracy) == sorted({(r["run_id"], r["probe"]) for r in rows})
     assert {r["status"] for r in accuracy} == {"not learned"} and "| not learned" in report
+    relative = [r for r in effective_rows if r["basis"] == "relative" and r["metric"] == "accuracy"]
+    assert sorted(r["protocol"] for r in relative) == sorted(f"{r['protocol']}/relative" for r in accuracy)
+    assert "copy/relative" in report and "relative basis" in report
     assert (out / "probe_copy.png").stat().st_size > 1000
 
 

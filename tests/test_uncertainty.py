@@ -78,6 +78,21 @@ def test_effective_length_of_accuracy_pools_probe_variants():
     assert by_run(effective.accuracy_rows(drawn, threshold=0.25))[("a-0", "passkey")] == (128, "ok")
 
 
+def test_relative_effective_length_is_a_share_of_the_runs_own_score():
+    # a: 100% in length, then 90%, 80%; b: 60% in length, then 55%, 55%; chance 0
+    rows = strings(acc_rows("a", 0, {64: 20, 128: 18, 256: 16}) + acc_rows("b", 0, {64: 12, 128: 11, 256: 11}))
+    absolute = effective.accuracy_rows(rows, threshold=0.5)
+    relative = effective.relative_rows(rows, share=0.85)
+    # absolute (at least 50%): both hold to 256; relative (85% of its own): a to 128 (80% < 85%), b to 256
+    assert by_run(absolute) == {("a-0", "passkey"): (256, "censored"), ("b-0", "passkey"): (256, "censored")}
+    assert by_run(relative) == {("a-0", "passkey/relative"): (128, "ok"), ("b-0", "passkey/relative"): (256, "censored")}
+    assert {r["basis"] for r in absolute} == {"absolute"} and {r["basis"] for r in relative} == {"relative"}
+    assert [r["criterion"] for r in relative] == pytest.approx([0.85, 0.85 * 0.6])
+    not_learned = effective.relative_rows([{**r, "status": "not learned"} for r in rows])
+    assert {r["status"] for r in not_learned} == {"not learned"}
+    assert {r["basis"] for r in effective.perplexity_rows(strings([ext_row("a", 0, 64, 10.0)]))} == {"relative"}
+
+
 def test_report_cells_show_seed_intervals_or_one_seed_as_such():
     rows = [ext_row("a", s, 64, p, loss_se=0.01) for s, p in enumerate([10.0, 11.0, 12.0])]
     rows += [ext_row("b", 0, 64, 20.0, loss_se=0.05), ext_row("b", 0, 128, 30.0, loss_se=0.05)]

@@ -52,7 +52,7 @@ def extrapolate(
     else:
         rows = evaluate.extrapolate(Path(runs_dir), cfg, scheme_names(schemes), out_dir, device, progress=progress,
                                     attention=attention)
-    effective.write(out_dir, cfg.effective_tolerance, cfg.effective_threshold)
+    effective.write(out_dir, cfg.effective_tolerance, cfg.effective_threshold, cfg.effective_share)
     extrapolation = results.read_rows(results.table_path(out_dir, "extrapolation"))
     reporting.plot_extrapolation(extrapolation, out_dir / "extrapolation.png")
     written = [results.table_path(out_dir, t) for t in ("extrapolation", "positions", "windows", "effective_length")]

@@ -36,6 +36,8 @@ Model = Annotated[Optional[str], typer.Option(
 Tolerance = Annotated[float, typer.Option(help="effective length: perplexity within this fraction of "
                                                "in-distribution")]
 Threshold = Annotated[float, typer.Option(help="effective length of probes: accuracy at least this")]
+Share = Annotated[float, typer.Option(help="effective length of probes, relative basis: accuracy at least this "
+                                          "share of the run's own at the training length")]
 
 # Keywords the Python API takes and the command line does not: plug-ins come from the pre-parsed
 # --plugin there (posbench.cli), progress bars from whether stderr is a terminal.

@@ -69,7 +69,7 @@ def probe(
     else:
         rows = probing.evaluate(Path(runs_dir), cfg, eval_cfg, tuple(probe_name(n) for n in chosen),
                                 scheme_names(schemes), out_dir, device, progress=progress)
-    reporting.write_report(out_dir, t.eval.effective_tolerance, t.eval.effective_threshold)
+    reporting.write_report(out_dir, t.eval.effective_tolerance, t.eval.effective_threshold, t.eval.effective_share)
     return to_frame(rows, eval=eval_cfg, out=out_dir)
 
 

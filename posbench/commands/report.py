@@ -7,7 +7,7 @@ import typer
 
 from posbench import config, results
 from posbench.commands import plain
-from posbench.commands.options import Threshold, Tolerance
+from posbench.commands.options import Share, Threshold, Tolerance
 from posbench.commands.run import warn_mixed_machines
 from posbench.errors import PosbenchError
 
@@ -23,13 +23,15 @@ def report(
         help="other results directories (shards) to merge in first")] = None,
     tolerance: Tolerance = config.EvalConfig.effective_tolerance,
     threshold: Threshold = config.EvalConfig.effective_threshold,
+    share: Share = config.EvalConfig.effective_share,
 ) -> Path:
     """Write report.md and PNG plots from a results directory (merging shards first).
 
     Returns report.md's path."""
     from posbench import reporting as reporting
 
-    config.replace(config.EvalConfig(), effective_tolerance=tolerance, effective_threshold=threshold)  # range checks
+    config.replace(config.EvalConfig(), effective_tolerance=tolerance, effective_threshold=threshold,
+                   effective_share=share)  # range checks
     incoming = []  # read (and checked) every table before merging any, so a bad one merges nothing
     for other in merge or []:
         if not Path(other).is_dir():
@@ -43,7 +45,7 @@ def report(
     for table, rows in incoming:
         results.merge_rows(directory, table, rows)
     warn_mixed_machines(Path(directory))
-    return reporting.write_report(directory, tolerance, threshold)
+    return reporting.write_report(directory, tolerance, threshold, share)
 
 
 def show(path: Path) -> int:

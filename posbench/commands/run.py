@@ -62,7 +62,7 @@ def run(
     out_dir = Path(out or Path("runs") / t.name)
     done = pool.run_task(t, out_dir, part, resume, device, progress=progress, speed=speed,
                          log=log or (lambda m: None), workers=workers)
-    reporting.write_report(out_dir, t.eval.effective_tolerance, t.eval.effective_threshold)
+    reporting.write_report(out_dir, t.eval.effective_tolerance, t.eval.effective_threshold, t.eval.effective_share)
     tables = {name: pd.DataFrame(results.read_rows(results.table_path(out_dir, name)))
               for name in results.TABLES if results.table_path(out_dir, name).exists()}
     tables.setdefault("runs", pd.DataFrame())
