@@ -207,22 +207,7 @@ def run_speed(
             **{k: v for k, v in results.provenance(dev.type, dtype).items()
                if k in results.TABLES["speed"]["columns"]}}
 
-    layers: dict[str, SchemeLayer | Exception] = {}
-    nets: dict[str, TrainingForward] = {}
-    for name in names:
-        torch.manual_seed(0)
-        depth = len(layout.parse(name).pattern)  # one period
-        try:
-            built = layout.build(name, dataclasses.replace(dims, n_layers=depth))
-            layers[name] = SchemeLayer(built, dataclasses.replace(cfg, n_layers=depth)).to(dev)
-        except Exception as e:  # a scheme that cannot be built at these sizes: rows, not a crash
-            layers[name] = e
-    for name, layer in layers.items():  # every layer before any call: each one resets dynamo
-        if not isinstance(layer, Exception):
-            nets[name] = TrainingForward(layer, compile, dev)
-            if nets[name].status == "on":
-                layer.reserve_positions(lengths[-1], lengths[0])
-
+    layers, nets = _build(names, cfg, dims, dev, compile, lengths)
     rows = []
     for n in lengths:
         gen = torch.Generator().manual_seed(n)
@@ -236,19 +221,9 @@ def run_speed(
             with _cache_room(len(calls)):
                 measured = _measure(calls, dev, repeats)
             for name in names:
-                layer = layers[name]
                 row = {**base, "scheme": name, "pass": pass_, "seq_len": n}
-                if isinstance(layer, Exception):
-                    row.update(backend="", compile="", **_failure(layer))
-                else:
-                    row.update(backend=layer.backend(dev), compile=nets[name].status)
-                    row.update(_per_layer(measured[name], len(layer.attns)))
-                if row["status"] == "ok":
-                    row["reason"] = _note(layer.layout, dims)
-                    seconds = row["median_ms"] / 1e3
-                    flops = attention_flops(batch_size, heads, n, head_dim, pass_)
-                    row["tflops"] = flops / seconds / 1e12
-                    row["tokens_per_second"] = batch_size * n / seconds
+                row.update(_measured_row(layers[name], nets.get(name), measured.get(name), dev, dims, pass_,
+                                         batch_size, n))
                 rows.append(row)
                 if on_row is not None:
                     on_row(row)
@@ -257,6 +232,41 @@ def run_speed(
         results.merge_rows(out_dir, "speed", rows)
         plot_speed(rows, Path(out_dir) / "speed.png")
     return rows
+
+
+def _build(names, cfg: ModelConfig, dims: Dims, dev, compile: str, lengths) -> tuple[dict, dict]:
+    """Each scheme's layer (one period of its layout; the exception where it cannot be built at
+    these sizes: rows, not a crash) and its forward, compiled or not as training's."""
+    layers: dict[str, SchemeLayer | Exception] = {}
+    for name in names:
+        torch.manual_seed(0)
+        depth = len(layout.parse(name).pattern)  # one period
+        try:
+            built = layout.build(name, dataclasses.replace(dims, n_layers=depth))
+            layers[name] = SchemeLayer(built, dataclasses.replace(cfg, n_layers=depth)).to(dev)
+        except Exception as e:  # reported in the scheme's rows
+            layers[name] = e
+    nets: dict[str, TrainingForward] = {}
+    for name, layer in layers.items():  # every layer before any call: each one resets dynamo
+        if not isinstance(layer, Exception):
+            nets[name] = TrainingForward(layer, compile, dev)
+            if nets[name].status == "on":
+                layer.reserve_positions(lengths[-1], lengths[0])
+    return layers, nets
+
+
+def _measured_row(layer, net, measured, dev, dims: Dims, pass_: str, batch_size: int, n: int) -> dict[str, Any]:
+    """A speed row's measured columns for one scheme at one length and pass: its path, compile
+    state and time per layer, with throughput when it ran, or why it did not."""
+    if isinstance(layer, Exception):
+        return {"backend": "", "compile": "", **_failure(layer)}
+    row = {"backend": layer.backend(dev), "compile": net.status, **_per_layer(measured, len(layer.attns))}
+    if row["status"] == "ok":
+        row["reason"] = _note(layer.layout, dims)
+        seconds = row["median_ms"] / 1e3
+        row["tflops"] = attention_flops(batch_size, dims.n_heads, n, dims.d_model // dims.n_heads, pass_) / seconds / 1e12
+        row["tokens_per_second"] = batch_size * n / seconds
+    return row
 
 
 def _per_layer(measured: dict[str, Any], layers: int) -> dict[str, Any]:
