@@ -161,6 +161,11 @@ class ProbesConfig:
     ruler_essay: str = knob("pystdlib", "essay haystack of the ruler: tasks of a pretrained model: pystdlib (the "
                             "standard library's documentation prose) or files:PATH_OR_GLOB", flag=True)
     randomized: tuple[str, ...] = ()  # schemes also trained with randomized positions (Ruoss et al.)
+    # A learning-rate sweep: every cell (or those of `cells`) trained once per rate of `lrs` in
+    # place of its [train] (or [probes.train.NAME]) lr; `posbench table probes --sweep` chooses per
+    # cell by held-out accuracy at the training length (posbench/docs/probes.md, "Learning rates")
+    lrs: tuple[float, ...] = ()
+    cells: tuple[str, ...] = ()  # PROBE:SCHEME cells of the grid, e.g. "mqar:alibi", "mqar:rope+randomized"
     # probe name -> [train] keys that differ for the runs on that probe's examples
     # ([probes.train.copy] train_len = 32): each probe learned at a size a tiny model can learn
     train: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -178,6 +183,23 @@ class ProbesConfig:
         for name in self.train:
             if name not in named:
                 raise did_you_mean(name, sorted(named), "probe in [probes.train] (not in [probes] names)")
+        for lr in self.lrs:
+            if not (isinstance(lr, float) and math.isfinite(lr) and lr > 0):
+                raise PosbenchError(f"[probes] lrs must be positive learning rates, got {lr!r}")
+        if len(set(self.lrs)) < len(self.lrs):
+            raise PosbenchError(f"[probes] lrs repeat: {list(self.lrs)}")
+        for cell in self.cells:
+            probe, _, _ = cell.partition(":")
+            if probe not in named:
+                raise PosbenchError(f"[probes] cells: {cell!r} names probe {probe!r}, which is not in [probes] "
+                                    f"names ({', '.join(sorted(named))}); a cell is PROBE:SCHEME")
+
+    def cell(self, probe: str, scheme: str, randomized: bool) -> bool:
+        """Whether the grid holds the cell of probe NAME and scheme (its `+randomized` variant):
+        every cell unless `cells` names some."""
+        from posbench.probes import probe_name
+
+        return not self.cells or f"{probe_name(probe)}:{scheme}{'+randomized' * randomized}" in self.cells
 
 
 @dataclass(frozen=True)
@@ -263,6 +285,13 @@ class Task:
         for name in self.probes.train:
             self.train_for(name)  # every override a valid [train]
         check_extend_pairings(self)
+        for cell in self.probes.cells:
+            scheme = cell.partition(":")[2]
+            plain = scheme.removesuffix("+randomized")
+            if plain not in self.schemes or (scheme != plain and plain not in self.probes.randomized):
+                known = ", ".join([*self.schemes, *(f"{s}+randomized" for s in self.probes.randomized)])
+                raise PosbenchError(f"[probes] cells: {cell!r} names scheme {scheme!r}, which the task does not "
+                                    f"train (its schemes: {known})")
         for name, params in self.params.items():
             plain = layout.parse(name).plain()
             if plain is None:

@@ -61,14 +61,18 @@ def grid(task: Task) -> list[RunSpec]:
     """Every scheme x seed of the task on its data, then on every probe's examples with the
     probe's training settings (the randomized schemes of [probes] once more with randomized
     positions), each run once, sorted by run_id (the order shards slice). A probe named as the
-    task's data shares its runs."""
-    cells = [(task.data, s, task.train) for s in task.schemes]
+    task's data shares its runs. [probes] `cells` keeps only the cells it names, and `lrs` trains
+    each probe cell once per learning rate (a sweep; a rate equal to the cell's own lr shares the
+    run_id of the run without the sweep)."""
+    cells = [(task.data, s, task.train) for s in task.schemes
+             if not is_probe(task.data) or task.probes.cell(task.data.spec, s, False)]
     for name in task.probes.names:
         data = dataclasses.replace(task.data, spec=name)
         train = task.train_for(name)
-        randomized = dataclasses.replace(train, randomize_positions=True)
-        cells += [(data, s, train) for s in task.schemes]
-        cells += [(data, s, randomized) for s in task.probes.randomized]
+        rates = [dataclasses.replace(train, lr=lr) for lr in task.probes.lrs] or [train]
+        for randomized, schemes in ((False, task.schemes), (True, task.probes.randomized)):
+            cells += [(data, s, dataclasses.replace(t, randomize_positions=True) if randomized else t)
+                      for s in schemes if task.probes.cell(name, s, randomized) for t in rates]
     specs = {
         spec.run_id: spec
         for data, s, train in cells for seed in task.seeds
@@ -87,6 +91,24 @@ def finished(out: Path, spec: RunSpec) -> bool:
     rows = results.read_rows(results.table_path(out, "runs"))
     ok = any(r["run_id"] == spec.run_id and r["status"] == "ok" for r in rows)
     return ok and (out / spec.run_id / FINAL).exists()
+
+
+def seeded(out: Path, spec: RunSpec, task: Task) -> bool:
+    """A probe run whose folder is not here but whose rows are: its ok row in runs.csv and every
+    probes.csv row its scoring would write, merged from another folder (`posbench report
+    --merge`), so that neither training nor scoring is needed again. The keys come from a model
+    built from the spec, untrained: which eval-time variants apply depends on its layout alone."""
+    from posbench import probing
+    from posbench.data import probe_corpus
+    from posbench.runs import build_model
+
+    if not is_probe(spec.data) or (out / spec.run_id / FINAL).exists():
+        return False
+    runs = results.read_rows(results.table_path(out, "runs"))
+    if not any(r["run_id"] == spec.run_id and r["status"] == "ok" for r in runs):
+        return False
+    built = build_model(spec, probe_corpus(spec.data)[0])
+    return evaluated(out, "probes", probing.row_keys(spec, task.probes, task.eval, built.layout))
 
 
 def table_rows(out: Path, table: str, keys: set[tuple[str, ...]]) -> list[dict[str, str]]:
@@ -132,7 +154,7 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
     with Progress(disable=not progress) as bar:
         overall = bar.add_task(f"{task.name} {shard[0]}/{shard[1]}", total=2 * len(specs))
         for spec in specs:
-            if finished(out, spec):
+            if finished(out, spec) or seeded(out, spec, task):
                 done["skipped_train"] += 1
             else:
                 log(f"train {spec.run_id}")
@@ -202,6 +224,9 @@ def run_probes(task: Task, out: Path, specs: list[RunSpec], device: str, done: d
     failed = []
     for spec in specs:
         if spec.data.spec not in task.probes.names:
+            continue
+        if seeded(out, spec, task):
+            done["skipped_probes"] += 1
             continue
         run_dir = out / spec.run_id
         _, model, _ = load_trained(run_dir)

@@ -402,13 +402,72 @@ def curves_table(out: Path, probes: list[str], every: int) -> str:
     return markdown_table(["data", "scheme", *(f"{s:,}" for s in steps)], body)
 
 
+def sweep_records(dirs: list[Path], task_name: str, ratios: tuple[int, ...]) -> list[dict]:
+    """One record per cell and learning rate of `task_name`'s sweep ([probes] lrs): seeds scored
+    and learned, the mean held-out accuracy at the training length (runs.csv's final_val_accuracy,
+    the validation examples the early stop reads), the mean over seeds at each ratio, and whether
+    the rate is the cell's choice: the highest held-out accuracy at the training length, a tie
+    going to the cell's own [train] rate, then to the lower rate. The lengths that are read never
+    enter the choice."""
+    from posbench import config, grid
+
+    task = config.load_task(task_name)
+    if not task.probes.lrs:
+        raise PosbenchError(f"task {task.name} sweeps no learning rates ([probes] lrs)")
+    rate = {spec.run_id: spec.train.lr for spec in grid.grid(task)}
+    df = scored_frame(dirs, task_name)
+    df["lr"] = df["run_id"].map(rate)
+    held_out: dict[str, float] = {}
+    for out in dirs:
+        for r in results.read_rows(results.table_path(out, "runs")):
+            if r["status"] == "ok" and r["run_id"] in rate and r["final_val_accuracy"] not in ("", None):
+                held_out.setdefault(r["run_id"], float(r["final_val_accuracy"]))
+    records = []
+    for probe in _probes_in(df["probe"]):
+        own = task.train_for(probe).lr
+        for name in _scheme_order(df[df["probe"] == probe]["label"]):
+            cell = df[(df["probe"] == probe) & (df["label"] == name)]
+            rows = []
+            for lr in sorted(set(cell["lr"])):
+                sub = cell[cell["lr"] == lr]
+                first = sub[sub["ratio"] == 1]
+                accuracy = [held_out[i] for i in sorted(set(sub["run_id"])) if i in held_out]
+                rows.append({"probe": probe, "scheme": name, "lr": lr, "seeds": sub["seed"].nunique(),
+                             "learned": first[first["status"] != "not learned"]["seed"].nunique(),
+                             "held_out": sum(accuracy) / len(accuracy) if accuracy else None,
+                             "means": [seed_accuracy(sub[sub["ratio"] == r])["accuracy"].mean() for r in ratios],
+                             "chosen": False})
+            scored = [r for r in rows if r["held_out"] is not None]
+            if scored:
+                best = max(scored, key=lambda r: (round(r["held_out"], 6), r["lr"] == own, -r["lr"]))
+                best["chosen"] = True
+            records += rows
+    return records
+
+
+def sweep_table(records: list[dict], ratios: tuple[int, ...]) -> str:
+    head = ["probe", "scheme", "lr", "seeds", "learned", "held-out at 1x", *(f"{r}x mean" for r in ratios), "chosen"]
+
+    def pct(v) -> str:
+        return "" if v is None or v != v else f"{100 * v:.0f}"
+
+    body = [[r["probe"], r["scheme"], f"{r['lr']:g}", str(r["seeds"]), f"{r['learned']} of {r['seeds']}",
+             pct(r["held_out"]), *map(pct, r["means"]), "chosen" if r["chosen"] else ""] for r in records]
+    return markdown_table(head, body)
+
+
 def probes(dirs: list[Path], *, seeds: bool = False, compact: bool = False, task: str | None = None,
-           ratios="1,2,4,8", pairs=None, curves=None, every: int = 1000) -> str:
+           ratios="1,2,4,8", pairs=None, curves=None, every: int = 1000, sweep: bool = False) -> str:
     """One folder: steps to the early stop, then accuracy per ratio. seeds: the table over seeds of
     one or more folders read as one; compact: probe x scheme, the means alone; pairs (A:B:PROBE,...):
     seed-paired differences; curves (PROBE,...): learning curves every `every` steps; task: the
-    runs of that task's grid alone (seeds, pairs)."""
+    runs of that task's grid alone (seeds, pairs); sweep: the learning-rate sweep of `task`
+    (one or more folders), each rate's row and the rate each cell chooses."""
     ratios = _ints(ratios, "ratios")
+    if sweep:
+        if task is None:
+            raise PosbenchError("--sweep reads the learning rates of a task: give --task too")
+        return sweep_table(sweep_records(dirs, task, ratios), ratios)
     if pairs is not None:
         return pairs_table(dirs, _words(pairs, "pairs"), ratios, task)
     if compact and not seeds:

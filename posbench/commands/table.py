@@ -22,6 +22,8 @@ def table(
     compact: Annotated[bool, typer.Option("--compact", help="probes, with --seeds: probe x scheme, the means "
                                                             "alone")] = False,
     task: Annotated[Optional[str], typer.Option(help="probes: only runs of this task")] = None,
+    sweep: Annotated[bool, typer.Option("--sweep", help="probes, with --task: its learning-rate sweep and the "
+                                                        "rate each cell chooses")] = False,
     ratios: Annotated[Optional[str], typer.Option(help="probes: length ratios, e.g. 1,2,4,8")] = None,
     pairs: Annotated[Optional[str], typer.Option(help="probes: seed-paired differences A:B:PROBE,...; extend: "
                                                       "paired ratios A:B,...")] = None,
@@ -39,7 +41,8 @@ def table(
     one line (posbench/docs/results.md lists each table's)."""
     from posbench import tables
 
-    given = {"figure": figure, "seeds": seeds or None, "compact": compact or None, "task": task, "ratios": ratios,
+    given = {"figure": figure, "seeds": seeds or None, "compact": compact or None, "task": task,
+             "sweep": sweep or None, "ratios": ratios,
              "pairs": pairs, "curves": curves, "every": every, "lengths": lengths, "by_layer": by_layer,
              "schemes": ",".join(names(schemes)) if schemes else None}
     if not directory:
