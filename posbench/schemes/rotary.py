@@ -1,5 +1,5 @@
 """Rotary schemes: q and k rotated by position in every attention layer (posbench/docs/schemes.md:
-rope, p-rope, resonance, rope-pp, pope, fope, xpos, grape, selective-rope, accum-rope).
+rope, p-rope, resonance, rope-pp, pope, fope, xpos, grape, selective-rope, accum-rope, repo).
 
 Layout: half-split (GPT-NeoX): pair t is (x_t, x_{t + r/2}), t < r/2, over the r rotated dims. It
 equals the interleaved layout of the RoFormer paper up to a fixed permutation of head dimensions,
@@ -911,3 +911,102 @@ class AccumRoPE(Scheme):
     def turn_output(self, y, pos, ctx, layer, content):
         cos, sin = content
         return rotate_half(y.float(), cos, -sin).to(y.dtype)
+
+
+REPO_WIDTH = 8  # d_p = d / 8: the reference's mid_size (hidden_size // 8)
+REPO_INIT_STD = 0.02  # the reference's init_std, truncated at 3 std (init_cutoff_factor 3)
+
+
+@register
+class RePo(Scheme):
+    """RePo, context re-positioning (Li, Zhao, Sproat, ICML 2026, "RePo: Language Models with
+    Context Re-Positioning"; SakanaAI/repo): a small learned module gives every token a real
+    position from its hidden state, per head, and RoPE turns q and k by those positions. In a
+    layer that uses it, with h_t the layer's attention input:
+
+        r_t   = SiLU(W_g h_t) * (W_c h_t)          W_g, W_c (d_p, d), d_p = d / 8 (a SwiGLU)
+        z_t,h = w_h . r_t                          W_z (H, d_p): one position per head and token
+        pair p of q_t and of k_t (head h) turned by z_t,h theta_p,  theta_p = base^(-2p/D)
+
+    so q_i.k_j turns by theta_p (z_i - z_j): the distance between the two tokens' assigned
+    positions. The positions are the module's raw outputs: no cumulative sum, no sorting, no
+    integer index added; they may be negative, repeat, or run backwards. A module of all zeros
+    puts every token at 0 (NoPE); one that gave z_t = t would be `rope`.
+
+    As the reference's `swigluex_multihead` mode (OLMo/olmo/model.py, `OLMoSequentialBlock.
+    dynamic_position_encoding_swigluex_multihead`; its configs/official-0425/OLMo2-1B-stage2-seed42-
+    SEXMH-L5.yaml): gate_map, content_map d -> d/8 and final_map d/8 -> H, no biases, weights
+    truncated N(0, 0.02) (cut at 3 std) and decayed like every other matrix; one module per layer;
+    angles z theta in float32 (its `from_positions`), q and k turned in float32. Its first layers
+    keep integer positions (dynamic_pe_start_layer 5 of OLMo-2 1B's 16): here the first
+    floor(p L) layers, p = `rope_share` (5/16 by default; 1 of a 4-layer model), are plain `rope`
+    at the window's positions, the others RePo. The module reads what the layer's attention reads:
+    the residual stream itself in OLMo-2 (norm after), the layer's input after the norm here
+    (pre-norm). Not here: the reference's optional mixing with integer positions during training
+    (dynamic_pe_pdrop, 0 in its configs) and the paper's continual pre-training from a RoPE
+    checkpoint (the module is trained from scratch with the model).
+
+    Path: sdpa-causal (flash on CUDA): the positions feed the rotation, not the logits. Parameters
+    per RePo layer, stacked (L - floor(p L), ...), shared by the layers that use the scheme."""
+
+    name = "repo"
+    float_positions = True
+    formula = ("rope with head h's pair p of q_t, k_t turned by z_{t,h} theta_p, z_{t,h} = w_h . (SiLU(W_g h_t) * "
+               "W_c h_t) a learned real position from the layer input; first floor(p L) layers plain rope")
+    family = "rotary"
+    relative = True
+    hooks = ("content", "qk")
+    reference = ("Li, Zhao, Sproat, ICML 2026, \"RePo: Language Models with Context Re-Positioning\", "
+                 "arXiv:2512.14391 (SakanaAI/repo)")
+    notes = ("per-head real positions z = w_h . SwiGLU_{d/8}(h_t) from each layer's input, read by RoPE; "
+             "raw values (no cumsum or sort); the first floor(rope_share L) layers plain rope (5/16 as the reference)")
+    defaults = {"base": 10000.0, "rope_share": 0.3125}
+    ranges = {"base": frequency_base, "rope_share": between(0, 1)}
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        if self.head_dim % 2:
+            raise PosbenchError(f"{self.name} needs an even head dimension, got {self.head_dim}")
+        self.start = share(self.p["rope_share"], dims.n_layers, self.name)  # layers below keep integer positions
+        layers, d = dims.n_layers - self.start, dims.d_model
+        width = max(1, d // REPO_WIDTH)
+
+        def weights(*shape):
+            w = torch.empty(layers, *shape)
+            return nn.Parameter(nn.init.trunc_normal_(w, std=REPO_INIT_STD, a=-3 * REPO_INIT_STD, b=3 * REPO_INIT_STD))
+
+        self.gate_map = weights(width, d)
+        self.content_map = weights(width, d)
+        self.final_map = weights(dims.n_heads, width)
+        inv, _ = rope_frequencies(self.head_dim, self.p["base"], dims.train_len, RopeScaling(), 0)
+        self.table = angle_table(inv)  # the integer layers, as rope's
+        self.register_buffer("inv_freq", inv.float(), persistent=False)  # (D/2,)
+
+    def prepare(self, pos):
+        cos_sin = self.table(pos, self.position_bound)  # (T, 2, D/2)
+        return cos_sin[:, 0], cos_sin[:, 1]
+
+    def positions(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+        """x (B, T, d), the layer's input -> z (B, H, T) float32, each token's position per head."""
+        i = layer - self.start
+        x = x.float()
+        r = F.silu(x @ self.gate_map[i].T) * (x @ self.content_map[i].T)  # (B, T, d_p)
+        return (r @ self.final_map[i].T).transpose(1, 2)  # (B, H, T)
+
+    def turns(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions z (B, H, T) -> cos, sin (B, H, T, D/2) of z theta_p, float32."""
+        angle = z[..., None] * self.inv_freq
+        return angle.cos(), angle.sin()
+
+    def content(self, x, layer):
+        """The turns of this layer's positions; None in an integer layer (rope's table)."""
+        if layer < self.start:
+            return None
+        return self.turns(self.positions(x, layer))
+
+    def rotate(self, q, k, pos, ctx, layer, content=None):
+        if content is None:  # an integer layer: rope at the window's positions
+            cos, sin = (t.to(q.dtype) for t in ctx)
+            return rotate_half(q, cos, sin), rotate_half(k, cos, sin)
+        cos, sin = content
+        return rotate_half(q.float(), cos, sin).to(q.dtype), rotate_half(k.float(), cos, sin).to(k.dtype)
