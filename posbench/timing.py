@@ -85,7 +85,7 @@ class SchemeLayer(nn.Module):
         super().__init__()
         self.layout = model_layout
         self.tok = None if model_layout.owns_token_embedding else nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.attns = nn.ModuleList(Attention(cfg, layer=i) for i in range(cfg.n_layers))
+        self.attns = nn.ModuleList(Attention(cfg, layer=i, heads=model_layout.heads(i)) for i in range(cfg.n_layers))
 
     def forward(self, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """idx (B, T), pos (T,) -> (B, T, d)."""
