@@ -150,3 +150,130 @@ def test_repo_passes_check_and_trains_from_the_command_line(corpus_dir, tmp_path
               "--steps", "3", "--batch-size", "4", "--d-model", "32", "--layers", "4", "--heads", "2",
               "--tokenizer", "bytes", "--device", "cpu"]
     assert main(["train", "--scheme", "repo", *common]) == 0
+
+
+# --- rope-pp, variant ec -----------------------------------------------------------------------
+
+def reference_rope_pp_ec_layer(x, wq, wk, wv, wo, pos, heads, base=10000.0):
+    """Re-derived from OpenMOSS/rope_pp, rope_pp/modeling_llama_rope_pp.py, LlamaAttention with
+    imag_mode 'imag2' (train-*-rope_pp_ec.sh) and as many key and value heads as query heads (as
+    here): q_proj, k_proj, v_proj of H heads; cos and sin of cat(freqs, freqs); q_rope = q cos +
+    rotate_half(q) sin, q_imag = q sin - rotate_half(q) cos, stacked per query head to 2H heads
+    [real, imag]; k_rope likewise; num_key_value_groups doubled, so repeat_kv repeats each key and
+    value head twice in a row; causal softmax(q k^T head_dim^-0.5) v; the 2H outputs side by side
+    (B, T, 2 H D) into o_proj (2 H D -> d). x (B, T, d) -> (B, T, d), float64."""
+    b, t, _ = x.shape
+    x = x.double()
+
+    def split(w):
+        return (x @ w.double().T).view(b, t, heads, -1).transpose(1, 2)  # (B, H, T, D)
+
+    q, k, v = split(wq), split(wk), split(wv)
+    d = q.shape[-1]
+    inv_freq = 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    emb = torch.cat([pos.double()[:, None] * inv_freq] * 2, dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    q_rope = q * cos + hf_rotate_half(q) * sin
+    q_imag = q * sin - hf_rotate_half(q) * cos
+    k_rope = k * cos + hf_rotate_half(k) * sin
+    q_all = torch.stack([q_rope, q_imag], dim=2).reshape(b, 2 * heads, t, d)
+
+    def repeat_kv(h):
+        return h[:, :, None].expand(b, heads, 2, t, d).reshape(b, 2 * heads, t, d)
+
+    scores = q_all @ repeat_kv(k_rope).transpose(-1, -2) * d**-0.5
+    scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    out = scores.softmax(-1) @ repeat_kv(v)  # (B, 2H, T, D)
+    return out.transpose(1, 2).reshape(b, t, 2 * heads * d) @ wo.double().T
+
+
+def ec_model(heads=4, d_model=32, **kw):
+    torch.manual_seed(0)
+    from posbench import layout
+    from posbench.model import ModelConfig, Transformer
+    dims = Dims(d_model=d_model, n_heads=heads, n_layers=1, vocab_size=50, train_len=16, max_position=16,
+                params={"variant": "ec", **kw})
+    return Transformer(ModelConfig(50, d_model, 1, heads), layout.build("rope-pp", dims)).eval()
+
+
+@pytest.mark.parametrize("backend", [None, "explicit"])
+@pytest.mark.parametrize("heads", [4, 3])
+def test_rope_pp_equal_cache_layer_equals_the_reference_computation(backend, heads):
+    model = ec_model(heads=heads, d_model=8 * heads, base=500.0)
+    model.backend = backend
+    attn = model.blocks[0].attn
+    d = 8 * heads
+    assert attn.qkv.weight.shape == (3 * d, d) and attn.proj.weight.shape == (d, 2 * d)  # the cache stays H
+    assert model.layout.heads(0) == 2 and model.layout.schemes[0].hooks == ("qk", "heads")
+    x = torch.randn(2, 6, d)
+    pos = torch.arange(6) + 3
+    with torch.no_grad():
+        got = attn(x, model.layout.plan(pos, backend)[0])
+    wq, wk, wv = attn.qkv.weight.detach().chunk(3, dim=0)
+    want = reference_rope_pp_ec_layer(x, wq, wk, wv, attn.proj.weight.detach(), pos, heads, base=500.0)
+    assert torch.allclose(got.double(), want, atol=1e-5), (got.double() - want).abs().max()
+
+
+def test_rope_pp_equal_cache_heads_are_the_real_and_imaginary_parts_of_every_head():
+    """Heads 2j and 2j + 1 are Re z and Im z of head j's q and k (every head's, not only the even
+    ones' as in eh); by hand, D = 2, q = k = (1, 0), query at 3, key at 1: cos 2 / sqrt 2 and
+    sin 2 / sqrt 2."""
+    scheme = make("rope-pp", d_model=2, heads=1, layers=1, variant="ec")
+    q = torch.tensor([[1.0, 0.0], [0.0, 0.0]]).view(1, 1, 2, 2)
+    k = torch.tensor([[0.0, 0.0], [1.0, 0.0]]).view(1, 1, 2, 2)
+    pos = torch.tensor([3, 1])
+    with torch.no_grad():
+        q2, k2 = scheme.rotate(q, k, pos, scheme.prepare(pos), 0)
+    assert q2.shape == k2.shape == (1, 2, 2, 2)
+    logits = (q2 @ k2.transpose(-1, -2) * scheme.qk_scale)[0, :, 0, 1]
+    assert logits.tolist() == pytest.approx([math.cos(2) / math.sqrt(2), math.sin(2) / math.sqrt(2)], abs=1e-6)
+    eh = make("rope-pp", d_model=32, heads=4)
+    ec = make("rope-pp", d_model=32, heads=4, variant="ec")
+    q, k = torch.randn(2, 1, 4, 5, 8).unbind(0)
+    pos = torch.tensor([0, 3, 4, 9, 30])
+    with torch.no_grad():
+        a = eh.rotate(q, k, pos, eh.prepare(pos), 0)
+        b = ec.rotate(q, k, pos, ec.prepare(pos), 0)
+    # ec's heads 0, 1 and 4, 5 (of model heads 0 and 2) are eh's heads 0, 1 and 2, 3
+    for x, y in zip(a, b):
+        assert torch.equal(y[:, [0, 1, 4, 5]], x)
+
+
+def test_rope_pp_equal_cache_without_its_imaginary_outputs_is_rope():
+    """Zero the output projection's columns of the imaginary heads: the layer is a `rope` layer
+    with the same q, k, v projections and the real heads' columns as its output projection."""
+    from posbench.model import ModelConfig, Transformer
+    from posbench import layout
+    model = ec_model(heads=4, d_model=32)
+    torch.manual_seed(0)
+    dims = Dims(d_model=32, n_heads=4, n_layers=1, vocab_size=50, train_len=16, max_position=16)
+    rope = Transformer(ModelConfig(50, 32, 1, 4), layout.build("rope", dims)).eval()
+    attn, plain = model.blocks[0].attn, rope.blocks[0].attn
+    assert plain.proj.weight.shape == (32, 32) and rope.layout.heads(0) == 1
+    columns = torch.arange(64).view(8, 8)  # (2H, D): the inputs of the output projection by head
+    with torch.no_grad():
+        plain.qkv.weight.copy_(attn.qkv.weight)
+        plain.proj.weight.copy_(attn.proj.weight[:, columns[0::2].flatten()])
+        attn.proj.weight[:, columns[1::2].flatten()] = 0.0
+    x = torch.randn(2, 7, 32)
+    pos = torch.arange(7)
+    with torch.no_grad():
+        got = attn(x, model.layout.plan(pos)[0])
+        want = plain(x, rope.layout.plan(pos)[0])
+    assert torch.allclose(got, want, atol=1e-6), (got - want).abs().max()
+
+
+def test_rope_pp_equal_cache_from_the_command_line(corpus_dir, tmp_path, capsys):
+    """check passes; an output gate (one unit per model head) is refused in one line; it trains."""
+    assert main(["check", "rope-pp", "--param", "variant=ec", "--skip", "cost"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "rope-pp: 11 of 11 properties without a fail"
+    assert main(["check", "rope-pp:variant=ec+sink", "--skip", "cost"]) == 0
+    capsys.readouterr()
+    assert main(["check", "rope-pp:variant=ec+gate", "--skip", "cost"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "takes no gate" in err[0]
+    common = ["--data", f"files:{corpus_dir}", "--runs-dir", str(tmp_path), "--train-len", "16",
+              "--steps", "3", "--batch-size", "4", "--d-model", "32", "--layers", "1", "--heads", "2",
+              "--tokenizer", "bytes", "--device", "cpu"]
+    assert main(["train", "--scheme", "rope-pp", "--param", "variant=ec", *common]) == 0

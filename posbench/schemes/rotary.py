@@ -442,8 +442,12 @@ class RopePP(RoPE):
     imaginary; the rows of W_q and W_k of the odd heads are unused. The hooks see q and k only, so
     each head keeps its own value projection, where the reference's pair reads one value head.
     variant `ec` (equal cache, `imag2`) gives every one of the H query heads a real and an
-    imaginary head over the same key and value head: 2H attention heads and a 2d -> d output
-    projection, which the model's attention (H heads, out d -> d) has no hook for; it is refused.
+    imaginary head over the same key and value head: 2H attention heads, 2j real and 2j + 1
+    imaginary on head j's query and key, both reading head j's value (the reference's repeat_kv
+    over the doubled key groups), their outputs side by side (B, T, 2d) into an output projection
+    2d -> d (its o_proj of num_attention_heads * 2 * head_dim inputs). The heads hook asks the
+    model for that (`attention_heads` 2): the cache stays H keys and values, the attention and the
+    output projection double. Every head's own query is read; n_heads may be odd.
 
     Eval-time scaling as `rope` (the reference fine-tunes RoPE++ with PI and YaRN): the quarter
     turn commutes with every rotation of the pair, so the policies act on the turned query
@@ -456,20 +460,28 @@ class RopePP(RoPE):
     reference = ("RoPE++, \"Beyond Real: Imaginary Extension of Rotary Position Embeddings for Long-Context LLMs\", "
                  "arXiv:2512.07525 (OpenMOSS/rope_pp)")
     notes = ("half-split pairs; variant eh: odd heads imaginary on the even head's q and k, own v "
-             "(the reference shares v too); ec (2H heads, 2d -> d output) refused; eval-time scaling as rope")
+             "(the reference shares v too); ec: a real and an imaginary head per query head over its k and v, "
+             "2H heads, output 2d -> d (heads hook); eval-time scaling as rope")
     defaults = {"base": 10000.0, "variant": "eh"}
     ranges = {"base": frequency_base, "variant": one_of("eh", "ec")}
     added_params = ()
 
     def __init__(self, dims):
         super().__init__(dims)
-        if self.p["variant"] == "ec":
-            raise PosbenchError("rope-pp variant=ec needs 2 x n_heads attention heads over n_heads keys and values "
-                                "and a 2d -> d output projection, which posbench's attention does not have; "
-                                "use variant=eh")
-        if self.n_heads % 2:
+        self.equal_cache = self.p["variant"] == "ec"
+        if self.equal_cache:
+            self.hooks = (*type(self).hooks, "heads")
+        elif self.n_heads % 2:
             raise PosbenchError(f"rope-pp variant=eh pairs each real head with an imaginary one: n_heads must be "
-                                f"even, got {self.n_heads}")
+                                f"even, got {self.n_heads} (variant=ec takes any)")
+
+    def set_scaling(self, scaling: RopeScaling) -> None:
+        super().set_scaling(scaling)
+        if self.equal_cache:  # the two-map policies' logits hook reads the 2H paired heads too
+            self.hooks = (*self.hooks, "heads")
+
+    def attention_heads(self) -> int:
+        return 2
 
     def _rotary_dim(self) -> int:
         if self.head_dim % 2:
@@ -478,8 +490,9 @@ class RopePP(RoPE):
 
     def pair(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q, k (B, H, T, D) -> the heads RoPE turns: head 2j + 1 takes head 2j's key and its query
-        turned by -pi/2 in every pair."""
-        real_q, real_k = q[:, 0::2], k[:, 0::2]  # (B, H/2, T, D)
+        turned by -pi/2 in every pair; eh keeps H heads (those of the even heads' q and k), ec makes
+        2H (a pair of every head's)."""
+        real_q, real_k = (q, k) if self.equal_cache else (q[:, 0::2], k[:, 0::2])  # (B, H or H/2, T, D)
         q = torch.stack([real_q, quarter_turn(real_q)], dim=2).flatten(1, 2)
         k = torch.stack([real_k, real_k], dim=2).flatten(1, 2)
         return q, k
