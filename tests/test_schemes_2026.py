@@ -239,6 +239,23 @@ def test_rope_pp_equal_cache_heads_are_the_real_and_imaginary_parts_of_every_hea
         assert torch.equal(y[:, [0, 1, 4, 5]], x)
 
 
+def test_rope_pp_equal_cache_keeps_its_heads_under_the_two_map_policies():
+    """rerope with a window past the window's length is plain RoPE everywhere: the logits hook
+    pairs every head as the qk hook does, and the layer keeps its 2H heads."""
+    from posbench.schemes.rotary import RopeScaling
+
+    model = ec_model(heads=4, d_model=32)
+    x = torch.randint(0, 50, (2, 12))
+    with torch.no_grad():
+        want = model(x)
+        model.layout.set_scaling(RopeScaling("rerope", window=64))
+        assert model.layout.schemes[0].hooks == ("logits", "heads")
+        got = model(x)
+        model.layout.set_scaling(RopeScaling())
+        assert model.layout.schemes[0].hooks == ("qk", "heads")
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+
+
 def test_rope_pp_equal_cache_without_its_imaginary_outputs_is_rope():
     """Zero the output projection's columns of the imaginary heads: the layer is a `rope` layer
     with the same q, k, v projections and the real heads' columns as its output projection."""
