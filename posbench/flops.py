@@ -46,9 +46,13 @@ def matmul_params(model: nn.Module) -> int:
 
 def training_flops_per_token(model: nn.Module, n_layers: int, d_model: int, train_len: int) -> float:
     """6 N + 6 T d per layer, scaled by the share of causal pairs the layer's span keeps (module
-    docstring); a model without a layout attends in full."""
-    spans = getattr(getattr(model, "layout", None), "spans", None) or [None] * n_layers
-    return 6.0 * matmul_params(model) + 6.0 * train_len * d_model * sum(kept_pairs(s, train_len) for s in spans)
+    docstring), and by m where the layer's scheme attends with m H heads (its heads hook: rope-pp
+    ec); a model without a layout attends in full with H heads."""
+    lay = getattr(model, "layout", None)
+    spans = getattr(lay, "spans", None) or [None] * n_layers
+    heads = [lay.heads(i) for i in range(len(spans))] if hasattr(lay, "heads") else [1] * len(spans)
+    return 6.0 * matmul_params(model) + 6.0 * train_len * d_model * sum(
+        kept_pairs(s, train_len) * m for s, m in zip(spans, heads))
 
 
 def kept_pairs(span, train_len: int) -> float:

@@ -410,6 +410,16 @@ class ModelLayout(nn.Module):
                                     for i, lay in enumerate(layers) if (p := lay.modifier("gate")) is not None})
         inputs = [i for i, s in enumerate(self.schemes) if INPUT_HOOKS & set(s.hooks)]
         self.input = inputs[0] if inputs else None
+        for i, lay in enumerate(layers):
+            if str(i) in self.gates and self.heads(i) > 1:
+                raise PosbenchError(f"an output gate has one unit per head of the model, and {lay.scheme!r} attends "
+                                    f"with {self.heads(i)} x n_heads heads (its heads hook): it takes no gate")
+
+    def heads(self, layer: int) -> int:
+        """m of the layer's scheme's heads hook (m H attention heads, output projection m d -> d); 1
+        without it."""
+        scheme = self.schemes[self.layer_scheme[layer]]
+        return scheme.attention_heads() if "heads" in scheme.hooks else 1
 
     @property
     def owns_token_embedding(self) -> bool:

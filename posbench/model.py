@@ -38,12 +38,16 @@ class ModelConfig:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int):
+    """`heads`: m of the layer's scheme's heads hook (posbench.schemes.base): m H attention heads
+    over the H keys and values, and an output projection m d -> d; 1 (H heads, d -> d) otherwise."""
+
+    def __init__(self, cfg: ModelConfig, layer: int, heads: int = 1):
         super().__init__()
         self.layer = layer
         self.n_heads = cfg.n_heads
+        self.heads = heads
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.proj = nn.Linear(heads * cfg.d_model, cfg.d_model, bias=False)
 
     def forward(self, x, plan: LayerPlan):
         b, t, d = x.shape
@@ -54,26 +58,33 @@ class Attention(nn.Module):
         if "qk" in scheme.hooks:
             args = (q, k, ctx.pos, ctx.shared, self.layer)
             q, k = scheme.rotate(*args) if content is None else scheme.rotate(*args, content)
-        if plan.factor is not None:  # the layer's temperature
-            q = q * plan.factor.to(q.dtype)
+        sink, factor = plan.sink, plan.factor
+        if "heads" in scheme.hooks:  # m H attention heads: each value head, sink and temperature read m times
+            m = scheme.attention_heads()
+            v = v.repeat_interleave(m, dim=1)
+            sink = None if sink is None else sink.repeat_interleave(m)
+            if factor is not None and factor.dim() == 3:  # (H, T, 1)
+                factor = factor.repeat_interleave(m, dim=0)
+        if factor is not None:  # the layer's temperature
+            q = q * factor.to(q.dtype)
         gate = scheme.gate(x, self.layer) if "gate" in scheme.hooks else None  # (B, H, T)
         turned = "vo" in scheme.hooks
         if turned:
             args = (ctx.pos, ctx.shared, self.layer) + (() if content is None else (content,))
             v = scheme.turn_values(v, *args)
-        y = attention.attend(q, k, v, scheme, ctx, self.layer, gate, content, plan.sink)  # (B, H, T, D)
+        y = attention.attend(q, k, v, scheme, ctx, self.layer, gate, content, sink)  # (B, H, T, D)
         if turned:
             y = scheme.turn_output(y, *args)
         if plan.out_gate is not None:
             y = plan.out_gate(x, y)
-        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return self.proj(y.transpose(1, 2).reshape(b, t, self.heads * d))
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int, heads: int = 1):
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.d_model)
-        self.attn = Attention(cfg, layer)
+        self.attn = Attention(cfg, layer, heads)
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.mlp = nn.Sequential(
             nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model),
@@ -91,7 +102,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok = None if layout.owns_token_embedding else nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, i, layout.heads(i)) for i in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self._init_weights()

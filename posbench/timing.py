@@ -35,9 +35,10 @@ BlockMask skips the blocks outside the span, so its cost grows linearly with the
   reserves its position bound (the longest length), as a compiled training run does, so the graph
   reads the bound instead of max(pos). A layer that fails to compile is timed eager. Every row
   says which in `compile` (on, off, fallback) and the attention path in `backend`.
-- tflops: causal attention FLOPs, 2 B H N^2 D forward (half of 4 B H N^2 D) and 3.5 times that
-  forward+backward (backward about 2.5x), over the measured time. The time includes projections
-  and hooks, so this is a lower bound on the kernel's own rate, comparable across schemes.
+- tflops: causal attention FLOPs, 2 B H N^2 D forward (half of 4 B H N^2 D; H doubled in a layer
+  whose scheme attends with 2H heads, rope-pp ec) and 3.5 times that forward+backward (backward
+  about 2.5x), over the measured time. The time includes projections and hooks, so this is a
+  lower bound on the kernel's own rate, comparable across schemes.
 - peak_mem_mb: the most memory held by tensors allocated during one call, above what was held
   before it (parameters, inputs and cached position tables excluded). CUDA:
   torch.cuda.max_memory_allocated. CPU: the allocator keeps no peak, so one extra, untimed call
@@ -85,7 +86,7 @@ class SchemeLayer(nn.Module):
         super().__init__()
         self.layout = model_layout
         self.tok = None if model_layout.owns_token_embedding else nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.attns = nn.ModuleList(Attention(cfg, layer=i) for i in range(cfg.n_layers))
+        self.attns = nn.ModuleList(Attention(cfg, layer=i, heads=model_layout.heads(i)) for i in range(cfg.n_layers))
 
     def forward(self, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """idx (B, T), pos (T,) -> (B, T, d)."""
@@ -264,7 +265,9 @@ def _measured_row(layer, net, measured, dev, dims: Dims, pass_: str, batch_size:
     if row["status"] == "ok":
         row["reason"] = _note(layer.layout, dims)
         seconds = row["median_ms"] / 1e3
-        row["tflops"] = attention_flops(batch_size, dims.n_heads, n, dims.d_model // dims.n_heads, pass_) / seconds / 1e12
+        # a layer with the heads hook (rope-pp ec) attends with m H heads: the period's mean
+        heads = dims.n_heads * sum(map(layer.layout.heads, range(len(layer.attns)))) / len(layer.attns)
+        row["tflops"] = attention_flops(batch_size, heads, n, dims.d_model // dims.n_heads, pass_) / seconds / 1e12
         row["tokens_per_second"] = batch_size * n / seconds
     return row
 

@@ -10,10 +10,12 @@ from posbench import attention, layout
 from posbench.catalogue import catalogue
 from posbench.schemes import SCHEMES
 
-# The registry and the layout presets, plus a spec that mixes a bias scheme with spans, and the
-# modifiers (posbench.modifiers) on a scheme, on a bias with a span, and on a preset.
+# The registry and the layout presets, plus a spec that mixes a bias scheme with spans, the
+# modifiers (posbench.modifiers) on a scheme, on a bias with a span, and on a preset, and a scheme
+# with the heads hook (2H attention heads) beside a plain layer, with a sink and a temperature.
 ALL = sorted(SCHEMES) + list(layout.PRESETS) + ["alibi@c4/t5@w3+ssmax", "rope+sink", "none+gate",
-                                                 "alibi@w5+sink+gate:elementwise=true", "rnope-swa+gate"]
+                                                 "alibi@w5+sink+gate:elementwise=true", "rnope-swa+gate",
+                                                 "rope-pp:variant=ec+sink+ssmax/none"]
 RELATIVE = [n for n in ALL if layout.relative(layout.parse(n))]
 T = 16
 # At init the attention branch is small (weights std 0.02), so a scheme acting on the logits

@@ -32,6 +32,14 @@ d model width. `pos` is a (T,) long tensor of explicit positions shared by the b
                                                belong to the scheme, shared by its layers)
 - weights ``weights(scores) -> attn``          replaces softmax: scores (B, H, T, T) float32,
                                                -inf outside the span, to weights (explicit path)
+- heads   ``attention_heads() -> m``         the layer attends with m H heads over its H keys
+                                               and values: the qk (or logits) hook returns q and k
+                                               with m H heads, the m of model head h next to one
+                                               another (h m .. h m + m - 1); the model repeats each
+                                               value head m times alike, and the output projection
+                                               reads the m H outputs side by side, m d -> d
+                                               (rope-pp's equal-cache variant). m is fixed when the
+                                               scheme is built; without the hook m = 1
 
 ``prepare(pos)`` runs once per forward and returns whatever the hooks share across layers.
 """
@@ -48,7 +56,7 @@ from torch import nn
 from posbench.errors import PosbenchError, did_you_mean
 from posbench.schemes.tables import position_count
 
-HOOKS = ("input", "mixer", "qk", "bias", "logits", "content", "values", "vo", "gate", "weights")
+HOOKS = ("input", "mixer", "qk", "bias", "logits", "content", "values", "vo", "gate", "weights", "heads")
 MAX_INT = 2**31 - 1  # bounds every integer setting: larger ones overflow tensors long before use
 
 
@@ -315,6 +323,9 @@ class Scheme(nn.Module):
         raise NotImplementedError
 
     def weights(self, scores: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def attention_heads(self) -> int:
         raise NotImplementedError
 
     def undecayed(self) -> list[nn.Parameter]:

@@ -1,5 +1,5 @@
 """Rotary schemes: q and k rotated by position in every attention layer (posbench/docs/schemes.md:
-rope, p-rope, resonance, rope-pp, pope, fope, xpos, grape, selective-rope, accum-rope).
+rope, p-rope, resonance, rope-pp, pope, fope, xpos, grape, selective-rope, accum-rope, repo).
 
 Layout: half-split (GPT-NeoX): pair t is (x_t, x_{t + r/2}), t < r/2, over the r rotated dims. It
 equals the interleaved layout of the RoFormer paper up to a fixed permutation of head dimensions,
@@ -442,8 +442,12 @@ class RopePP(RoPE):
     imaginary; the rows of W_q and W_k of the odd heads are unused. The hooks see q and k only, so
     each head keeps its own value projection, where the reference's pair reads one value head.
     variant `ec` (equal cache, `imag2`) gives every one of the H query heads a real and an
-    imaginary head over the same key and value head: 2H attention heads and a 2d -> d output
-    projection, which the model's attention (H heads, out d -> d) has no hook for; it is refused.
+    imaginary head over the same key and value head: 2H attention heads, 2j real and 2j + 1
+    imaginary on head j's query and key, both reading head j's value (the reference's repeat_kv
+    over the doubled key groups), their outputs side by side (B, T, 2d) into an output projection
+    2d -> d (its o_proj of num_attention_heads * 2 * head_dim inputs). The heads hook asks the
+    model for that (`attention_heads` 2): the cache stays H keys and values, the attention and the
+    output projection double. Every head's own query is read; n_heads may be odd.
 
     Eval-time scaling as `rope` (the reference fine-tunes RoPE++ with PI and YaRN): the quarter
     turn commutes with every rotation of the pair, so the policies act on the turned query
@@ -456,20 +460,28 @@ class RopePP(RoPE):
     reference = ("RoPE++, \"Beyond Real: Imaginary Extension of Rotary Position Embeddings for Long-Context LLMs\", "
                  "arXiv:2512.07525 (OpenMOSS/rope_pp)")
     notes = ("half-split pairs; variant eh: odd heads imaginary on the even head's q and k, own v "
-             "(the reference shares v too); ec (2H heads, 2d -> d output) refused; eval-time scaling as rope")
+             "(the reference shares v too); ec: a real and an imaginary head per query head over its k and v, "
+             "2H heads, output 2d -> d (heads hook); eval-time scaling as rope")
     defaults = {"base": 10000.0, "variant": "eh"}
     ranges = {"base": frequency_base, "variant": one_of("eh", "ec")}
     added_params = ()
 
     def __init__(self, dims):
         super().__init__(dims)
-        if self.p["variant"] == "ec":
-            raise PosbenchError("rope-pp variant=ec needs 2 x n_heads attention heads over n_heads keys and values "
-                                "and a 2d -> d output projection, which posbench's attention does not have; "
-                                "use variant=eh")
-        if self.n_heads % 2:
+        self.equal_cache = self.p["variant"] == "ec"
+        if self.equal_cache:
+            self.hooks = (*type(self).hooks, "heads")
+        elif self.n_heads % 2:
             raise PosbenchError(f"rope-pp variant=eh pairs each real head with an imaginary one: n_heads must be "
-                                f"even, got {self.n_heads}")
+                                f"even, got {self.n_heads} (variant=ec takes any)")
+
+    def set_scaling(self, scaling: RopeScaling) -> None:
+        super().set_scaling(scaling)
+        if self.equal_cache:  # the two-map policies' logits hook reads the 2H paired heads too
+            self.hooks = (*self.hooks, "heads")
+
+    def attention_heads(self) -> int:
+        return 2
 
     def _rotary_dim(self) -> int:
         if self.head_dim % 2:
@@ -478,8 +490,9 @@ class RopePP(RoPE):
 
     def pair(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q, k (B, H, T, D) -> the heads RoPE turns: head 2j + 1 takes head 2j's key and its query
-        turned by -pi/2 in every pair."""
-        real_q, real_k = q[:, 0::2], k[:, 0::2]  # (B, H/2, T, D)
+        turned by -pi/2 in every pair; eh keeps H heads (those of the even heads' q and k), ec makes
+        2H (a pair of every head's)."""
+        real_q, real_k = (q, k) if self.equal_cache else (q[:, 0::2], k[:, 0::2])  # (B, H or H/2, T, D)
         q = torch.stack([real_q, quarter_turn(real_q)], dim=2).flatten(1, 2)
         k = torch.stack([real_k, real_k], dim=2).flatten(1, 2)
         return q, k
@@ -911,3 +924,102 @@ class AccumRoPE(Scheme):
     def turn_output(self, y, pos, ctx, layer, content):
         cos, sin = content
         return rotate_half(y.float(), cos, -sin).to(y.dtype)
+
+
+REPO_WIDTH = 8  # d_p = d / 8: the reference's mid_size (hidden_size // 8)
+REPO_INIT_STD = 0.02  # the reference's init_std, truncated at 3 std (init_cutoff_factor 3)
+
+
+@register
+class RePo(Scheme):
+    """RePo, context re-positioning (Li, Zhao, Sproat, ICML 2026, "RePo: Language Models with
+    Context Re-Positioning"; SakanaAI/repo): a small learned module gives every token a real
+    position from its hidden state, per head, and RoPE turns q and k by those positions. In a
+    layer that uses it, with h_t the layer's attention input:
+
+        r_t   = SiLU(W_g h_t) * (W_c h_t)          W_g, W_c (d_p, d), d_p = d / 8 (a SwiGLU)
+        z_t,h = w_h . r_t                          W_z (H, d_p): one position per head and token
+        pair p of q_t and of k_t (head h) turned by z_t,h theta_p,  theta_p = base^(-2p/D)
+
+    so q_i.k_j turns by theta_p (z_i - z_j): the distance between the two tokens' assigned
+    positions. The positions are the module's raw outputs: no cumulative sum, no sorting, no
+    integer index added; they may be negative, repeat, or run backwards. A module of all zeros
+    puts every token at 0 (NoPE); one that gave z_t = t would be `rope`.
+
+    As the reference's `swigluex_multihead` mode (OLMo/olmo/model.py, `OLMoSequentialBlock.
+    dynamic_position_encoding_swigluex_multihead`; its configs/official-0425/OLMo2-1B-stage2-seed42-
+    SEXMH-L5.yaml): gate_map, content_map d -> d/8 and final_map d/8 -> H, no biases, weights
+    truncated N(0, 0.02) (cut at 3 std) and decayed like every other matrix; one module per layer;
+    angles z theta in float32 (its `from_positions`), q and k turned in float32. Its first layers
+    keep integer positions (dynamic_pe_start_layer 5 of OLMo-2 1B's 16): here the first
+    floor(p L) layers, p = `rope_share` (5/16 by default; 1 of a 4-layer model), are plain `rope`
+    at the window's positions, the others RePo. The module reads what the layer's attention reads:
+    the residual stream itself in OLMo-2 (norm after), the layer's input after the norm here
+    (pre-norm). Not here: the reference's optional mixing with integer positions during training
+    (dynamic_pe_pdrop, 0 in its configs) and the paper's continual pre-training from a RoPE
+    checkpoint (the module is trained from scratch with the model).
+
+    Path: sdpa-causal (flash on CUDA): the positions feed the rotation, not the logits. Parameters
+    per RePo layer, stacked (L - floor(p L), ...), shared by the layers that use the scheme."""
+
+    name = "repo"
+    float_positions = True
+    formula = ("rope with head h's pair p of q_t, k_t turned by z_{t,h} theta_p, z_{t,h} = w_h . (SiLU(W_g h_t) * "
+               "W_c h_t) a learned real position from the layer input; first floor(p L) layers plain rope")
+    family = "rotary"
+    relative = True
+    hooks = ("content", "qk")
+    reference = ("Li, Zhao, Sproat, ICML 2026, \"RePo: Language Models with Context Re-Positioning\", "
+                 "arXiv:2512.14391 (SakanaAI/repo)")
+    notes = ("per-head real positions z = w_h . SwiGLU_{d/8}(h_t) from each layer's input, read by RoPE; "
+             "raw values (no cumsum or sort); the first floor(rope_share L) layers plain rope (5/16 as the reference)")
+    defaults = {"base": 10000.0, "rope_share": 0.3125}
+    ranges = {"base": frequency_base, "rope_share": between(0, 1)}
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        if self.head_dim % 2:
+            raise PosbenchError(f"{self.name} needs an even head dimension, got {self.head_dim}")
+        self.start = share(self.p["rope_share"], dims.n_layers, self.name)  # layers below keep integer positions
+        layers, d = dims.n_layers - self.start, dims.d_model
+        width = max(1, d // REPO_WIDTH)
+
+        def weights(*shape):
+            w = torch.empty(layers, *shape)
+            return nn.Parameter(nn.init.trunc_normal_(w, std=REPO_INIT_STD, a=-3 * REPO_INIT_STD, b=3 * REPO_INIT_STD))
+
+        self.gate_map = weights(width, d)
+        self.content_map = weights(width, d)
+        self.final_map = weights(dims.n_heads, width)
+        inv, _ = rope_frequencies(self.head_dim, self.p["base"], dims.train_len, RopeScaling(), 0)
+        self.table = angle_table(inv)  # the integer layers, as rope's
+        self.register_buffer("inv_freq", inv.float(), persistent=False)  # (D/2,)
+
+    def prepare(self, pos):
+        cos_sin = self.table(pos, self.position_bound)  # (T, 2, D/2)
+        return cos_sin[:, 0], cos_sin[:, 1]
+
+    def positions(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+        """x (B, T, d), the layer's input -> z (B, H, T) float32, each token's position per head."""
+        i = layer - self.start
+        x = x.float()
+        r = F.silu(x @ self.gate_map[i].T) * (x @ self.content_map[i].T)  # (B, T, d_p)
+        return (r @ self.final_map[i].T).transpose(1, 2)  # (B, H, T)
+
+    def turns(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions z (B, H, T) -> cos, sin (B, H, T, D/2) of z theta_p, float32."""
+        angle = z[..., None] * self.inv_freq
+        return angle.cos(), angle.sin()
+
+    def content(self, x, layer):
+        """The turns of this layer's positions; None in an integer layer (rope's table)."""
+        if layer < self.start:
+            return None
+        return self.turns(self.positions(x, layer))
+
+    def rotate(self, q, k, pos, ctx, layer, content=None):
+        if content is None:  # an integer layer: rope at the window's positions
+            cos, sin = (t.to(q.dtype) for t in ctx)
+            return rotate_half(q, cos, sin), rotate_half(k, cos, sin)
+        cos, sin = content
+        return rotate_half(q.float(), cos, sin).to(q.dtype), rotate_half(k.float(), cos, sin).to(k.dtype)
