@@ -82,6 +82,7 @@ class Stack:
         self.members = members
         self.stacked = 0  # steps trained stacked in this process
         self.off: str | None = None  # why the members train one after another, once they do
+        self.differing: dict[tuple[str, ...], set[str]] = {}  # by the live members: their buffers that differ
 
     def fall_back(self, reason: str) -> None:
         self.off = reason
@@ -97,7 +98,11 @@ class Stack:
             with autocast(dev, t.dtype), warnings.catch_warnings():
                 # a kernel without a batching rule runs once per member: right, only slower
                 warnings.filterwarnings("ignore", message=".*performance drop.*")
-                losses = _stacked_losses(lead.model, [r.model for r in runs], drawn)
+                models = [r.model for r in runs]
+                live = tuple(r.spec.run_id for r in runs)
+                if live not in self.differing:  # buffers are fixed: compared once (a sync each on a GPU)
+                    self.differing[live] = differing_buffers(models)
+                losses = _stacked_losses(lead.model, models, drawn, self.differing[live])
         except (KeyboardInterrupt, PosbenchError):
             raise
         except Exception as e:  # noqa: BLE001 - whatever vmap refuses: train them one by one
@@ -133,17 +138,25 @@ class Stack:
                 raise Unstackable(f"the stacked loss of {run.spec.run_id} is {s!r}, alone {a!r}")
 
 
-def _stacked_losses(lead: torch.nn.Module, models: list[torch.nn.Module], drawn: list[batches.Batch]) -> torch.Tensor:
+def differing_buffers(models: list[torch.nn.Module]) -> set[str]:
+    """The buffers that differ between the models (a scheme's random features drawn from the seed);
+    the others (frequencies, slopes) are read unstacked, the lead's."""
+    buffers = [dict(m.named_buffers()) for m in models]
+    return {k for k, first in buffers[0].items() if any(not _same(first, b[k]) for b in buffers[1:])}
+
+
+def _stacked_losses(lead: torch.nn.Module, models: list[torch.nn.Module], drawn: list[batches.Batch],
+                    differing: set[str] | None = None) -> torch.Tensor:
     """(members,) the masked mean loss of each member's model on its batch, in one vmap over the
-    lead's module with the members' parameters (and buffers where they differ) stacked."""
+    lead's module with the members' parameters and `differing` buffers (default: found here)
+    stacked. The stack is differentiable: a backward fills each member's own `.grad`."""
     from torch.func import functional_call, vmap
 
     named = [dict(m.named_parameters()) for m in models]
     stacked: dict[str, torch.Tensor] = {k: torch.stack([p[k] for p in named]) for k in named[0]}
     buffers = [dict(m.named_buffers()) for m in models]
-    for k, first in buffers[0].items():  # equal buffers (frequencies, slopes) are read unstacked
-        if any(not _same(first, b[k]) for b in buffers[1:]):
-            stacked[k] = torch.stack([b[k] for b in buffers])
+    for k in differing_buffers(models) if differing is None else differing:
+        stacked[k] = torch.stack([b[k] for b in buffers])
     tokens = torch.stack([b.tokens for b in drawn])
     targets = torch.stack([b.targets for b in drawn])
     masked = drawn[0].mask is not None

@@ -301,9 +301,9 @@ def _loop(runs: list[_Run], progress: bool, stop_after: int | None) -> dict[str,
                 if lead.ddp.any(bool(pressed), lead.dev):
                     for run in live:
                         run.checkpoint()
-                    raise Interrupted(f"{_names(live)} checkpointed at step {live[0].step} of {t.steps}; finished "
-                                      "runs and results are kept (continue with the same command and --resume, "
-                                      "without --overwrite)")
+                    where = ", ".join(f"{r.spec.run_id} checkpointed at step {r.step} of {t.steps}" for r in live)
+                    raise Interrupted(f"{where}; finished runs and results are kept (continue with the same "
+                                      "command and --resume, without --overwrite)")
                 for run, entry in _steps(live, stack, outcomes):
                     if t.stop_accuracy and run.ddp.any(learned(entry, t), run.dev):  # no extra collective otherwise
                         stop_at[run.spec.run_id] = run.step
@@ -326,10 +326,6 @@ def _loop(runs: list[_Run], progress: bool, stop_after: int | None) -> dict[str,
             run.checkpoint()
             outcomes[run.spec.run_id] = _finish(run)
     return outcomes
-
-
-def _names(runs: list[_Run]) -> str:
-    return ", ".join(r.spec.run_id for r in runs)
 
 
 def _steps(live: list[_Run], stack: ensemble.Stack | None, outcomes: dict) -> list[tuple[_Run, dict[str, Any]]]:

@@ -15,6 +15,9 @@ run, and the grid goes on. Ctrl-C reaches the parent alone (workers run in proce
 their own); it passes one interrupt on to each worker, whose training finishes its step and
 checkpoints, and says in one line what was kept: `--resume` continues. Speed timing and
 provenance.json are written by the parent once the runs are done; the report by the caller, once.
+
+With `--ensemble` (posbench.ensemble) a job is an ensemble: the unfinished runs that differ only
+in seed, trained as one stacked model by one worker (their run_ids joined by commas in the queue).
 """
 
 from __future__ import annotations

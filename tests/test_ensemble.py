@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, tiny_model
-from posbench import batches, config, ensemble, results, training
+from posbench import batches, config, ensemble, results, training, workers
 from posbench.cli import main
 from posbench.errors import PosbenchError, RunFailed
 from posbench.grid import grid
@@ -37,9 +37,11 @@ def largest_difference(a: dict, b: dict) -> float:
 
 # --- one stacked step equals each member's own ------------------------------------------------
 
-@pytest.mark.parametrize("scheme", ["none", "rope", "alibi"])
+@pytest.mark.parametrize("scheme", ["none", "rope", "alibi", "fope"])
 def test_a_member_computes_what_its_model_computes_alone(scheme):
     models = [tiny_model(scheme, seed=s).train() for s in range(3)]
+    # fope's Fourier coefficients are buffers drawn from the seed: stacked, not the first member's
+    assert bool(ensemble.differing_buffers(models)) == (scheme == "fope")
     gen = torch.Generator().manual_seed(0)
     drawn = [batches.Batch(x, torch.randint(0, 50, (4, 16), generator=gen), None, None)
              for x in torch.randint(0, 50, (3, 4, 16), generator=gen)]
@@ -50,7 +52,7 @@ def test_a_member_computes_what_its_model_computes_alone(scheme):
         model.zero_grad(set_to_none=True)
         alone = batches.masked_mean(model(batch.tokens, None, targets=batch.targets), None)
         alone.backward()
-        assert abs(float(alone) - float(loss)) < 1e-5
+        assert abs(float(alone.detach()) - float(loss.detach())) < 1e-5
         assert max(float((p.grad - grad[k]).abs().max()) for k, p in model.named_parameters()) < 1e-5
 
 
@@ -67,7 +69,7 @@ def test_masks_and_positions_of_each_member_are_its_own():
     stacked = ensemble._stacked_losses(models[0], models, drawn)
     for model, batch, loss in zip(models, drawn, stacked):
         alone = batches.masked_mean(model(batch.tokens, batch.positions, targets=batch.targets), batch.mask)
-        assert abs(float(alone) - float(loss)) < 1e-5
+        assert abs(float(alone.detach()) - float(loss.detach())) < 1e-5
     drawn[1].positions = torch.sort(torch.randperm(64, generator=gen)[:16]).values
     try:
         stacked = ensemble._stacked_losses(models[0], models, drawn)
@@ -76,7 +78,7 @@ def test_masks_and_positions_of_each_member_are_its_own():
     else:
         for model, batch, loss in zip(models, drawn, stacked):
             alone = batches.masked_mean(model(batch.tokens, batch.positions, targets=batch.targets), batch.mask)
-            assert abs(float(alone) - float(loss)) < 1e-5
+            assert abs(float(alone.detach()) - float(loss.detach())) < 1e-5
     rope = [tiny_model("rope", seed=s, train_len=64).train() for s in range(2)]
     with pytest.raises(RuntimeError, match=r"item\(\)"):
         ensemble._stacked_losses(rope[0], rope, drawn)
@@ -245,9 +247,18 @@ def test_run_groups_the_seeds_of_each_scheme(corpus_dir, tmp_path, capsys):
     task = config.load_task(str(path))
     assert task.ensemble == "auto"
     out = tmp_path / "out"
-    # seed 2 of none trained before: left out of its group
-    done = next(s for s in grid(task) if s.scheme == "none" and s.seed == 2)
-    training.train(done, out, device="cpu", progress=False)
+    specs = grid(task)
+    by = {(s.scheme, s.seed): s for s in specs}
+    # the queue of `--workers`: one job per ensemble, finished runs alone
+    assert sorted(len(workers.members(j)) for j in workers.jobs(specs, out, 2)) == [1, 1, 2, 2]
+    assert workers.jobs(specs, out, 1) == [s.run_id for s in workers.order(specs)]
+    training.train(by["none", 2], out, device="cpu", progress=False)  # trained before: left out of its group
+    assert sorted(len(workers.members(j)) for j in workers.jobs(specs, out, 2)) == [1, 1, 2, 2]
+    job = workers.Job(dataclasses.replace(task, ensemble=2), str(out), (1, 1), False, "cpu", 1, None, (), 1,
+                      workers.run_one)
+    done = workers.run_one(job, f"{by['alibi', 0].run_id},{by['alibi', 1].run_id}")  # what a worker does
+    assert done["trained"] == 2 and done["evaluated"] == 2
+    assert "(an ensemble of 2 seeds)" in capsys.readouterr().out
     assert main(["run", str(path), "--ensemble", "2", "--device", "cpu", "--out", str(out), "--no-speed"]) == 0
     rows = {(r["scheme"], r["seed"]): r for r in results.read_rows(out / "runs.csv")}
     assert len(rows) == 6 and {r["status"] for r in rows.values()} == {"ok"}
@@ -255,5 +266,6 @@ def test_run_groups_the_seeds_of_each_scheme(corpus_dir, tmp_path, capsys):
         ("none", "0"): "2", ("none", "1"): "2", ("none", "2"): "",
         ("alibi", "0"): "2", ("alibi", "1"): "2", ("alibi", "2"): ""}
     assert len({r["run_id"] for r in results.read_rows(out / "extrapolation.csv")}) == 6
+    assert len(workers.jobs(specs, out, 2)) == 6  # all finished: each alone
     with pytest.raises(PosbenchError, match="ensemble must be"):
         config.build(config.Task, {"ensemble": 0})
