@@ -179,8 +179,10 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _first_line(e: Exception) -> str:
+    """The error's first sentence, at most 160 characters."""
     line = str(e).splitlines()[0] if str(e) else ""
-    return line[:200]
+    line = line.split(". ")[0]
+    return line if len(line) <= 160 else line[:157] + "..."
 
 
 def with_seeds(spec, seeds: Iterable[int]) -> list:
