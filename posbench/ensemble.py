@@ -19,6 +19,7 @@ after one line that names the scheme. Ensembles train eager (the `compile` colum
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -95,9 +96,7 @@ class Stack:
         the members' own; nothing has then changed but the `.grad` of their parameters."""
         lead, dev, t = runs[0], runs[0].dev, runs[0].spec.train
         try:
-            with autocast(dev, t.dtype), warnings.catch_warnings():
-                # a kernel without a batching rule runs once per member: right, only slower
-                warnings.filterwarnings("ignore", message=".*performance drop.*")
+            with autocast(dev, t.dtype), _unbatched_kernels_quiet():
                 models = [r.model for r in runs]
                 live = tuple(r.spec.run_id for r in runs)
                 if live not in self.differing:  # buffers are fixed: compared once (a sync each on a GPU)
@@ -115,7 +114,8 @@ class Stack:
         for run in runs:
             run.opt.zero_grad(set_to_none=True)
         try:
-            losses.sum().backward()
+            with _unbatched_kernels_quiet():
+                losses.sum().backward()
         except (KeyboardInterrupt, PosbenchError):
             raise
         except Exception as e:  # noqa: BLE001
@@ -172,6 +172,15 @@ def _stacked_losses(lead: torch.nn.Module, models: list[torch.nn.Module], drawn:
 
     return vmap(loss, in_dims=(0, 0, 0, 0, None if shared else 0))(stacked, tokens, targets, masks,
                                                                    None if shared else pos)
+
+
+@contextlib.contextmanager
+def _unbatched_kernels_quiet():
+    """A kernel without a batching rule (SDPA on CPU) runs once per member, right but slower;
+    torch warns of it at every step."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*performance drop.*")
+        yield
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

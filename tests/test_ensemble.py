@@ -3,6 +3,8 @@ member a run of its own: its solo run's initial weights, batches, run_id, row, l
 early stop and failure."""
 
 import dataclasses
+import os
+import signal
 
 import pytest
 import torch
@@ -11,7 +13,7 @@ from safetensors.torch import load_file
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, tiny_model
 from posbench import batches, config, ensemble, results, training, workers
 from posbench.cli import main
-from posbench.errors import PosbenchError, RunFailed
+from posbench.errors import Interrupted, PosbenchError, RunFailed
 from posbench.grid import grid
 from posbench.runs import RunSpec, read_log
 
@@ -162,6 +164,29 @@ def test_interrupted_ensemble_resumes_to_the_uninterrupted_weights(tiny_data, tm
         assert files[0] == files[1]
         assert {k: v for k, v in a.row.items() if k not in VOLATILE} == {k: v for k, v in b.row.items() if k not in VOLATILE}
         assert [e["step"] for e in read_log(tmp_path / "split" / spec.run_id)] == list(range(1, 7))
+
+
+def test_ctrl_c_checkpoints_every_member_and_resume_completes(tiny_data, tmp_path, monkeypatch):
+    specs = specs_for(tiny_data)
+    training.train_ensemble(specs, tmp_path / "whole", device="cpu", progress=False)
+    original = training._record
+
+    def record(run, drawn, value):  # Ctrl-C during step 3
+        entry = original(run, drawn, value)
+        if run.step == 3 and run.spec.seed == 0:
+            os.kill(os.getpid(), signal.SIGINT)
+        return entry
+
+    monkeypatch.setattr(training, "_record", record)
+    with pytest.raises(Interrupted, match="checkpointed at step 3 of 6, .* checkpointed at step 3 of 6"):
+        training.train_ensemble(specs, tmp_path / "split", device="cpu", progress=False)
+    monkeypatch.undo()
+    for spec in specs:  # each member checkpointed after the same step
+        assert [e["step"] for e in read_log(tmp_path / "split" / spec.run_id)] == [1, 2, 3]
+    training.train_ensemble(specs, tmp_path / "split", device="cpu", progress=False, resume=True)
+    for spec in specs:
+        files = [(tmp_path / d / spec.run_id / "model.safetensors").read_bytes() for d in ("whole", "split")]
+        assert files[0] == files[1]
 
 
 def poison(monkeypatch, seed: int, after: int):
