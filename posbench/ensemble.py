@@ -11,10 +11,11 @@ every member's loss on its own batch. A member that stops (early stop, NaN) leav
 others go on.
 
 The first stacked step is a trial: each member's loss is also computed alone and compared. A
-scheme whose forward cannot run under vmap (a `.item()` on batched positions, a kernel without a
-batching rule that autograd refuses), or whose stacked losses differ from its own, falls back:
-the members then train one after another in the same process, each step exactly a solo run's,
-after one line that names the scheme. Ensembles train eager (the `compile` column says off).
+scheme whose forward cannot run under vmap (control flow on the values of positions that differ
+between members, a kernel without a batching rule that autograd refuses), or whose stacked losses
+differ from its own, falls back: the members then train one after another in the same process,
+each step exactly a solo run's, after one line that names the scheme. Ensembles train eager (the
+`compile` column says off).
 """
 
 from __future__ import annotations

@@ -60,30 +60,25 @@ def test_a_member_computes_what_its_model_computes_alone(scheme):
 
 def test_masks_and_positions_of_each_member_are_its_own():
     """Probe batches: each member its own answer mask; positions shared when equal, stacked when
-    not (randomized positions): rope reads max(pos), which vmap refuses, so those fall back."""
-    models = [tiny_model("alibi", seed=s, train_len=64).train() for s in range(2)]
+    not (randomized positions: a table grown to the largest member's serves each)."""
+    models = [tiny_model("rope", seed=s, train_len=64).train() for s in range(2)]
     gen = torch.Generator().manual_seed(1)
     drawn = []
     for _ in models:
         x, y = torch.randint(0, 50, (2, 4, 16), generator=gen)
         mask = (torch.rand(4, 16, generator=gen) > 0.5).float()
         drawn.append(batches.Batch(x, y, mask * 4 / mask.sum(), torch.arange(16) * 3))
-    stacked = ensemble._stacked_losses(models[0], models, drawn)
-    for model, batch, loss in zip(models, drawn, stacked):
-        alone = batches.masked_mean(model(batch.tokens, batch.positions, targets=batch.targets), batch.mask)
-        assert abs(float(alone.detach()) - float(loss.detach())) < 1e-5
-    drawn[1].positions = torch.sort(torch.randperm(64, generator=gen)[:16]).values
-    try:
+    for positions in (None, torch.sort(torch.randperm(64, generator=gen)[:16]).values):
+        if positions is not None:
+            drawn[1].positions = positions
         stacked = ensemble._stacked_losses(models[0], models, drawn)
-    except RuntimeError as e:
-        assert "item()" in str(e)  # then the ensemble falls back to solo steps
-    else:
         for model, batch, loss in zip(models, drawn, stacked):
             alone = batches.masked_mean(model(batch.tokens, batch.positions, targets=batch.targets), batch.mask)
             assert abs(float(alone.detach()) - float(loss.detach())) < 1e-5
-    rope = [tiny_model("rope", seed=s, train_len=64).train() for s in range(2)]
-    with pytest.raises(RuntimeError, match=r"item\(\)"):
-        ensemble._stacked_losses(rope[0], rope, drawn)
+    # shaw branches on its positions' values: vmap refuses it (the ensemble then falls back)
+    shaw = [tiny_model("shaw", seed=s, train_len=64).train() for s in range(2)]
+    with pytest.raises(RuntimeError, match="data-dependent control flow"):
+        ensemble._stacked_losses(shaw[0], shaw, drawn)
 
 
 def test_groups_and_sizes(tiny_data):
@@ -151,6 +146,15 @@ def test_members_end_where_their_solo_runs_end(tiny_data, solo, tmp_path):
     assert len(rows) == 2 and {r["ensemble"] for r in rows} == {"2"}
     solo_rows = results.read_rows(solo / "runs.csv")
     assert {r["ensemble"] for r in solo_rows} == {""}  # a solo run's cell stays empty
+
+
+def test_randomized_positions_stack_each_member_its_own(tiny_data, tmp_path):
+    specs = specs_for(tiny_data, steps=4, randomize_positions=True, randomize_max=64)
+    outcomes = training.train_ensemble(specs, tmp_path / "ens", device="cpu", progress=False)
+    for spec, outcome in zip(specs, outcomes):
+        assert outcome.row["ensemble"] == 2
+        training.train(spec, tmp_path / "solo", device="cpu", progress=False)
+        assert largest_difference(weights(tmp_path / "ens", spec.run_id), weights(tmp_path / "solo", spec.run_id)) < 1e-5
 
 
 def test_interrupted_ensemble_resumes_to_the_uninterrupted_weights(tiny_data, tmp_path):
