@@ -264,6 +264,8 @@ class Task:
     extend: ExtendConfig = ExtendConfig()
     pretrained: str = ""  # [model] pretrained: hf:FOLDER or gguf:FILE evaluated in place of trained runs
     workers: int | str = 1  # worker processes of `posbench run` (a number, or "auto"; posbench.workers)
+    # runs that differ only in seed trained as one stacked model (posbench.ensemble): "auto", "off" or N
+    ensemble: int | str = "auto"
 
     def check(self) -> None:
         from posbench import layout
@@ -278,6 +280,7 @@ class Task:
             raise PosbenchError("a task needs at least one seed (seeds = [])")
         check_seed(*self.seeds)
         check_workers(self.workers)
+        check_ensemble(self.ensemble)
         if len(set(self.seeds)) < len(self.seeds):
             raise PosbenchError(f"seeds repeat: {list(self.seeds)}")
         for name in self.schemes:
@@ -454,6 +457,44 @@ def check_workers(value: Any) -> int | str:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise PosbenchError(f"workers must be a number of processes from 1 up, or \"auto\"; got {value!r}")
     return value
+
+
+ENSEMBLE = ("auto", "off")
+
+
+def check_ensemble(value: Any) -> int | str:
+    """`ensemble` (task key or --ensemble): "auto" (on for CUDA), "off", or at most N members
+    from 1 up (1: off)."""
+    if isinstance(value, str) and value.strip() in ENSEMBLE:
+        return value.strip()
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PosbenchError(f'ensemble must be "auto", "off" or a number of members from 1 up; got {value!r}')
+    return value
+
+
+def parse_seeds(text: str | Iterable[int]) -> tuple[int, ...]:
+    """Seeds as the command line gives them: a comma-separated list whose items are seeds or
+    ranges (0-3 is 0,1,2,3), e.g. 0-3,7; or a list of integers. Checked: in range, none twice."""
+    if not isinstance(text, str):
+        seeds = parse_list(text, int, "seeds")
+    else:
+        seeds = []
+        for part in parse_list(text, str, "seeds"):
+            low, dash, high = part.partition("-")
+            try:
+                first, last = (int(low), int(high)) if dash else (int(part), int(part))
+            except ValueError:
+                raise PosbenchError(f"bad seeds {text!r}: expected seeds or ranges, e.g. 0-3 or 0,1,2") from None
+            if last < first:
+                raise PosbenchError(f"bad seeds {text!r}: the range {part} runs backwards")
+            seeds += range(first, last + 1)
+        seeds = tuple(seeds)
+    check_seed(*seeds)
+    if len(set(seeds)) < len(seeds):
+        raise PosbenchError(f"seeds repeat: {list(seeds)}")
+    return seeds
 
 
 def check_extend_pairings(task: Task) -> None:

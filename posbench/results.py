@@ -39,7 +39,7 @@ TABLES: dict[str, dict[str, list[str]]] = {
                     "steps", "stopped_at", "tokens", "scored_tokens", "padding_tokens", "n_params",
                     "final_train_loss", "final_val_loss", "final_val_accuracy",
                     "unigram_val_loss", "train_seconds", "tokens_per_second",
-                    "model_flops_per_second", "mfu", "mfu_peak", "backend", "compile", "status",
+                    "model_flops_per_second", "mfu", "mfu_peak", "backend", "compile", "ensemble", "status",
                     "message", "parent_run", "extend_method", "extend_len", "extend_steps", "plugins",
                     "weights_sha256"] + PROVENANCE,
     },
@@ -106,7 +106,7 @@ TABLES: dict[str, dict[str, list[str]]] = {
 EXTENSION = {"parent_run", "extend_method", "extend_len", "extend_steps"}  # posbench.extension's columns
 SAMPLING = "position_sampling"  # `float` in the rows of an RFS run (posbench.positions)
 ADDED_LATER: dict[str, set[str]] = {
-    "runs": {"model_flops_per_second", "mfu", "mfu_peak", "compile", "stopped_at", "final_val_accuracy", "plugins",
+    "runs": {"model_flops_per_second", "mfu", "mfu_peak", "compile", "ensemble", "stopped_at", "final_val_accuracy", "plugins",
              "scored_tokens", "padding_tokens", "weights_sha256", *EXTENSION, *MACHINE},
     "extrapolation": {"position_draws", "loss_se", "ppl_lo", "ppl_hi", "key_ppl", "key_share", "key_tokens", SAMPLING,
                       *EXTENSION, *MACHINE},

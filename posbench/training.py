@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from posbench import batches, flops, results, trackers
+from posbench import batches, ensemble, flops, results, trackers
 from posbench.config import TrainConfig
 from posbench.data import TokenData, check_probe_corpus, is_probe, load_tokens, probe_corpus, unigram_loss
 from posbench.device import Distributed, TrainingForward, autocast, resolve_device
-from posbench.errors import Interrupted, RunFailed, first_line, on_interrupt, out_of_memory
+from posbench.errors import Interrupted, PosbenchError, RunFailed, first_line, on_interrupt, out_of_memory
 from posbench.extension import columns as extension_columns
 from posbench.model import Transformer
 from posbench.positions import randomized_column
@@ -112,29 +112,67 @@ def train(
     A finished run is left as it is (`skipped`) unless `overwrite`, which trains it again from
     scratch. With `resume` an interrupted run continues from its last checkpoint; without, it
     starts again. `stop_after` ends the loop after that many steps as an interruption would (tests).
+    A run whose loss becomes NaN (or whose kernel the device refused) raises RunFailed.
     """
+    (outcome,) = train_ensemble([spec], runs_dir, device, resume, progress, data, stop_after, overwrite)
+    if isinstance(outcome, RunFailed):
+        raise outcome
+    return outcome
+
+
+def train_ensemble(
+    specs: list[RunSpec],
+    runs_dir: Path | str = "runs",
+    device: str = "auto",
+    resume: bool = False,
+    progress: bool = True,
+    data: TokenData | None = None,
+    stop_after: int | None = None,
+    overwrite: bool = False,
+) -> list[TrainResult | RunFailed]:
+    """Train runs that differ only in seed as one stacked model (posbench.ensemble), each into its
+    own folder and row as `train` would; one run trains as `train` trains it. Returns, in the
+    order of `specs`, each run's result, or the RunFailed that ended it (recorded as failed in
+    runs.csv; the others trained on)."""
     runs_dir = Path(runs_dir)
-    run_dir = runs_dir / spec.run_id
-    trackers.require(spec.train.tracker)
+    specs = list(specs)
+    if len({ensemble.cell(s) for s in specs}) > 1 or len({s.seed for s in specs}) < len(specs):
+        raise PosbenchError("an ensemble's runs must differ in seed and in nothing else")
+    for spec in specs:
+        trackers.require(spec.train.tracker)
     ddp, dev = Distributed.from_env(resolve_device(device))
-    # config.json alone is not worth keeping: a run that fails before its first checkpoint leaves nothing
-    claim = results.claim(run_dir, f"run {spec.run_id}", setup=("config.json",)) if ddp.main else contextlib.nullcontext()
+    if ddp.world > 1 and len(specs) > 1:
+        ddp.close()
+        raise PosbenchError("an ensemble trains in one process: under torchrun give one seed (--ensemble off)")
+    outcomes: dict[str, TrainResult | RunFailed] = {}
+    names = ", ".join(s.run_id for s in specs)
     try:
-        with claim, \
-                on_interrupt(f"before {spec.run_id} took a step; finished runs, results and checkpoints "
+        with contextlib.ExitStack() as claims, \
+                on_interrupt(f"before {names} took a step; finished runs, results and checkpoints "
                              "are kept as they were (run again, with --resume, to go on)"):
-            if resume and (run_dir / "config.json").exists():
-                recorded = None
-                with contextlib.suppress(OSError, ValueError, AttributeError):  # unreadable: the checkpoint speaks
-                    recorded = json.loads((run_dir / "config.json").read_text()).get("corpus")
-                check_probe_corpus(spec.data, recorded, spec.run_id)
-            if not overwrite and (run_dir / FINAL).exists():
-                done = [r for r in results.read_rows(results.table_path(runs_dir, "runs")) if r["run_id"] == spec.run_id]
-                if done and done[0]["status"] == "ok":
-                    return TrainResult(spec.run_id, run_dir, done[0], skipped=True)
-            run = _start(spec, runs_dir, dev, ddp, resume, data)
-            _loop(run, progress and ddp.main, stop_after)
-            return _finish(run)
+            for spec in specs:
+                run_dir = runs_dir / spec.run_id
+                if ddp.main:  # config.json alone is not worth keeping: a run that fails before its first checkpoint leaves nothing
+                    claims.enter_context(results.claim(run_dir, f"run {spec.run_id}", setup=("config.json",)))
+                if resume and (run_dir / "config.json").exists():
+                    recorded = None
+                    with contextlib.suppress(OSError, ValueError, AttributeError):  # unreadable: the checkpoint speaks
+                        recorded = json.loads((run_dir / "config.json").read_text()).get("corpus")
+                    check_probe_corpus(spec.data, recorded, spec.run_id)
+                if not overwrite and (run_dir / FINAL).exists():
+                    done = [r for r in results.read_rows(results.table_path(runs_dir, "runs")) if r["run_id"] == spec.run_id]
+                    if done and done[0]["status"] == "ok":
+                        outcomes[spec.run_id] = TrainResult(spec.run_id, run_dir, done[0], skipped=True)
+            left = [s for s in specs if s.run_id not in outcomes]
+            if left and data is None and not is_probe(left[0].data):
+                data = load_tokens(left[0].data)  # the members share their data
+            together = len(left) > 1
+            runs = [_start(spec, runs_dir, dev, ddp, resume, data, "off" if together else None) for spec in left]
+            if together:
+                for run in runs:
+                    run.row["ensemble"] = len(runs)
+            outcomes.update(_loop(runs, progress and ddp.main, stop_after))
+            return [outcomes[s.run_id] for s in specs]
     finally:
         ddp.close()
 
@@ -186,9 +224,10 @@ class _Run:
 
 
 def _start(spec: RunSpec, runs_dir: Path, dev: torch.device, ddp: Distributed, resume: bool,
-           data: TokenData | None) -> _Run:
+           data: TokenData | None, compile: str | None = None) -> _Run:
     """The model, optimizer and batch generator of a run, its config.json written, and, with
-    `resume`, everything set to its last checkpoint."""
+    `resume`, everything set to its last checkpoint. `compile` overrides the run's setting (an
+    ensemble's members train eager)."""
     t, run_dir = spec.train, runs_dir / spec.run_id
     if data is None and not is_probe(spec.data):
         data = load_tokens(spec.data)
@@ -197,7 +236,7 @@ def _start(spec: RunSpec, runs_dir: Path, dev: torch.device, ddp: Distributed, r
     model = build_model(spec, vocab_size).to(dev)
     if spec.extension is not None:
         load_parent(model, spec, runs_dir)
-    net = TrainingForward(ddp.wrap(model), t.compile, dev)
+    net = TrainingForward(ddp.wrap(model), compile or t.compile, dev)
     if net.status == "on":
         model.reserve_positions(source.bound, t.train_len)
     opt = make_optimizer(model, t)
@@ -234,45 +273,128 @@ def _start(spec: RunSpec, runs_dir: Path, dev: torch.device, ddp: Distributed, r
     return run
 
 
-def _loop(run: _Run, progress: bool, stop_after: int | None) -> None:
-    """Steps until the run's last (or an early stop, or `stop_after` more), checkpointing every
-    checkpoint_interval steps; a signal stops it at the end of a step, checkpointed."""
-    t, spec = run.spec.train, run.spec
-    run.model.train()
+def _loop(runs: list[_Run], progress: bool, stop_after: int | None) -> dict[str, TrainResult | RunFailed]:
+    """Steps every run until its last (or its early stop, or `stop_after` more), checkpointing
+    every checkpoint_interval steps; a signal stops them all at the end of a step, checkpointed.
+    Several runs (an ensemble) step together, stacked (posbench.ensemble); one that ends while
+    others go on is finished at once, one that fails is left out. Returns each run's result or
+    the RunFailed that ended it, by run_id."""
+    if not runs:
+        return {}
+    lead = runs[0]
+    t = lead.spec.train  # an ensemble's members share their training settings
+    stack = ensemble.Stack(lead.spec.scheme, len(runs)) if len(runs) > 1 else None
+    outcomes: dict[str, TrainResult | RunFailed] = {}
+    stop_at = {r.spec.run_id: t.steps if stop_after is None else min(t.steps, r.step + stop_after) for r in runs}
+    live = list(runs)
+    for run in runs:
+        run.model.train()
     bar = _progress(progress)
-    task_id = bar.add_task(spec.run_id, total=t.steps, completed=run.step, loss=float("nan"), tps=0.0)
-    stop_at = t.steps if stop_after is None else min(t.steps, run.step + stop_after)
-    with bar, run.tracker, _interrupt_at_step_end() as pressed:
+    bars = {r.spec.run_id: bar.add_task(r.spec.run_id, total=t.steps, completed=r.step, loss=float("nan"), tps=0.0)
+            for r in runs}
+    with bar, contextlib.ExitStack() as tracking, _interrupt_at_step_end() as pressed:
+        for run in runs:  # a run's tracker closes as failed when it failed, or when all stop on an error
+            tracking.push(lambda kind, error, trace, run=run: run.tracker.close(
+                failed=kind is not None or isinstance(outcomes.get(run.spec.run_id), RunFailed)))
         try:
-            while run.step < stop_at:
-                if run.ddp.any(bool(pressed), run.dev):
-                    run.checkpoint()
-                    raise Interrupted(f"{spec.run_id} checkpointed at step {run.step} of {t.steps}; finished runs "
-                                      "and results are kept (continue with the same command and --resume, "
-                                      "without --overwrite)")
-                entry = _step(run)
-                if t.stop_accuracy and run.ddp.any(learned(entry, t), run.dev):  # no extra collective otherwise
-                    stop_at = run.step
-                bar.update(task_id, completed=run.step, loss=entry["loss"],
-                           tps=t.batch_size * t.train_len * run.step / max(run.seconds, 1e-9))
-                if run.step % t.checkpoint_interval == 0:
-                    run.checkpoint()
+            while live := [r for r in live if r.step < stop_at[r.spec.run_id] and r.spec.run_id not in outcomes]:
+                if lead.ddp.any(bool(pressed), lead.dev):
+                    for run in live:
+                        run.checkpoint()
+                    where = ", ".join(f"{r.spec.run_id} checkpointed at step {r.step} of {t.steps}" for r in live)
+                    raise Interrupted(f"{where}; finished runs and results are kept (continue with the same "
+                                      "command and --resume, without --overwrite)")
+                for run, entry in _steps(live, stack, outcomes):
+                    if t.stop_accuracy and run.ddp.any(learned(entry, t), run.dev):  # no extra collective otherwise
+                        stop_at[run.spec.run_id] = run.step
+                    bar.update(bars[run.spec.run_id], completed=run.step, loss=entry["loss"],
+                               tps=t.batch_size * t.train_len * run.step / max(run.seconds, 1e-9))
+                    if run.step % t.checkpoint_interval == 0:
+                        run.checkpoint()
+                going = [r for r in live if r.step < stop_at[r.spec.run_id] and r.spec.run_id not in outcomes]
+                for run in live if going else ():  # ended while others go on: finished now
+                    if run not in going and run.spec.run_id not in outcomes:
+                        run.checkpoint()
+                        outcomes[run.spec.run_id] = _finish(run)
         except KeyboardInterrupt:
-            kept = (f"{spec.run_id} keeps its checkpoint of step {run.saved} (--resume continues from it)"
-                    if run.saved else f"{spec.run_id} had no checkpoint yet (run it again)")
+            held = [r for r in runs if r.spec.run_id not in outcomes]
+            kept = "; ".join(f"{r.spec.run_id} keeps its checkpoint of step {r.saved} (--resume continues from it)"
+                             if r.saved else f"{r.spec.run_id} had no checkpoint yet (run it again)" for r in held)
             raise Interrupted(f"stopped at once; {kept}") from None
-    run.checkpoint()
+    for run in runs:
+        if run.spec.run_id not in outcomes:
+            run.checkpoint()
+            outcomes[run.spec.run_id] = _finish(run)
+    return outcomes
+
+
+def _steps(live: list[_Run], stack: ensemble.Stack | None, outcomes: dict) -> list[tuple[_Run, dict[str, Any]]]:
+    """One step of every live run: stacked when several share it, else each its own solo step. A
+    run that fails is in `outcomes` with its RunFailed, and not among the steps returned."""
+    if stack is not None and stack.off is None and len(live) > 1:
+        try:
+            return _stacked_step(live, stack, outcomes)
+        except ensemble.Unstackable as e:
+            for run in live:  # nothing stepped: each draws its batch again, alone
+                run.gen.set_state(run.gen_at_step_start)
+                run.opt.zero_grad(set_to_none=True)
+            stack.fall_back(str(e))
+            if not stack.stacked:  # not one step stacked: they train as their solo runs do
+                for run in live:
+                    run.row["ensemble"] = None
+    out = []
+    for run in live:
+        try:
+            out.append((run, _step(run)))
+        except RunFailed as e:
+            outcomes[run.spec.run_id] = e
+    return out
+
+
+def _stacked_step(live: list[_Run], stack: ensemble.Stack, outcomes: dict) -> list[tuple[_Run, dict[str, Any]]]:
+    """One optimizer step of each live member of an ensemble on its own batch, the forward and
+    backward shared (posbench.ensemble); then each member's own clip, step and log as `_step`."""
+    began = time.perf_counter()
+    drawn = [_draw(run) for run in live]
+    values = stack.forward_backward(live, [batch for _, batch in drawn])
+    stepped = []
+    for run, (sample, _), value in zip(live, drawn, values):
+        try:
+            if not math.isfinite(value):
+                run.fail(f"loss became {value} at step {run.step}")
+        except RunFailed as e:
+            outcomes[run.spec.run_id] = e
+            continue
+        _update(run)
+        stepped.append((run, sample, value))
+    elapsed = time.perf_counter() - began  # each member's share of the device is the whole step
+    out = []
+    for run, sample, value in stepped:
+        run.seconds += elapsed
+        out.append((run, _record(run, sample, value)))
+    return out
+
+
+def _draw(run: _Run) -> tuple[batches.Batch, batches.Batch]:
+    """The step's learning rate set and its batch drawn: as drawn, and this rank's on the device."""
+    run.gen_at_step_start = run.gen.get_state()
+    for group in run.opt.param_groups:
+        group["lr"] = lr_at(run.step, run.spec.train)
+    drawn = run.source.sample(run.gen)
+    return drawn, run.ddp.local(drawn).to(run.dev)
+
+
+def _update(run: _Run) -> None:
+    """The clipped gradients applied."""
+    torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.spec.train.grad_clip)
+    run.opt.step()
+    run.step += 1
 
 
 def _step(run: _Run) -> dict[str, Any]:
     """One optimizer step on a freshly drawn batch; the log entry it adds."""
-    t, dev = run.spec.train, run.dev
     began = time.perf_counter()
-    run.gen_at_step_start = run.gen.get_state()
-    for group in run.opt.param_groups:
-        group["lr"] = lr_at(run.step, t)
-    drawn = run.source.sample(run.gen)
-    batch = run.ddp.local(drawn).to(dev)
+    drawn, batch = _draw(run)
     try:
         value = run.net.first_step(lambda: _forward_backward(run, batch))
     except (RuntimeError, NotImplementedError) as e:
@@ -282,10 +404,14 @@ def _step(run: _Run) -> dict[str, Any]:
             raise
         run.fail(f"{type(e).__name__} at step {run.step}: {first_line(e)}")
     run.row["compile"] = run.net.status  # "fallback" once the first step failed to compile
-    torch.nn.utils.clip_grad_norm_(run.model.parameters(), t.grad_clip)
-    run.opt.step()
-    run.step += 1
+    _update(run)
     run.seconds += time.perf_counter() - began
+    return _record(run, drawn, value)
+
+
+def _record(run: _Run, drawn: batches.Batch, value: float) -> dict[str, Any]:
+    """The log entry of the step just taken (validated at every eval_interval)."""
+    t, dev = run.spec.train, run.dev
     for k, n in zip(COUNTS, (drawn.scored, drawn.padding)):
         run.counted[k] = None if run.counted[k] is None else run.counted[k] + n
     entry = {"step": run.step, "lr": lr_at(run.step - 1, t), "loss": value, "val_loss": None,

@@ -15,6 +15,9 @@ run, and the grid goes on. Ctrl-C reaches the parent alone (workers run in proce
 their own); it passes one interrupt on to each worker, whose training finishes its step and
 checkpoints, and says in one line what was kept: `--resume` continues. Speed timing and
 provenance.json are written by the parent once the runs are done; the report by the caller, once.
+
+With `--ensemble` (posbench.ensemble) a job is an ensemble: the unfinished runs that differ only
+in seed, trained as one stacked model by one worker (their run_ids joined by commas in the queue).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from multiprocessing import connection
 from pathlib import Path
 from typing import Any, Callable
 
-from posbench import config, grid, plugins, positions, results
+from posbench import config, ensemble, grid, plugins, positions, results
 from posbench.errors import Interrupted, PosbenchError, first_line, out_of_memory
 
 CUDA_WORKER_BYTES = 8 * 10**9  # a probe run's training and scoring, with room (scripts/gpu_session.sh)
@@ -121,9 +124,27 @@ class Job:
 
 
 def run_one(job: Job, run_id: str) -> dict:
-    """One run of the grid, as `posbench run` trains, evaluates and probes it."""
+    """One job of the grid, as `posbench run` trains, evaluates and probes it: a run, or the runs
+    of an ensemble (their run_ids joined by commas: `members`)."""
     return grid.run_task(job.task, Path(job.out), job.shard, job.resume, job.device, speed=False,
-                         log=lambda m: print(f"worker {job.index}: {m}", flush=True), only={run_id})
+                         log=lambda m: print(f"worker {job.index}: {m}", flush=True), only=set(members(run_id)))
+
+
+def members(job: str) -> list[str]:
+    """The run_ids of a job of the queue: one, or an ensemble's joined by commas."""
+    return job.split(",")
+
+
+def jobs(specs: list, out: Path, most: int) -> list[str]:
+    """The queue: each run a job (`most` 1), or the unfinished runs that differ only in seed in
+    ensembles of at most `most` (posbench.ensemble), a finished run alone (to be evaluated where
+    it was not); the longest expected first."""
+    if most <= 1:
+        return [s.run_id for s in order(specs)]
+    done = [s for s in specs if grid.finished(out, s)]
+    groups = ensemble.groups([s for s in specs if s not in done], most) + [[s] for s in done]
+    groups.sort(key=lambda g: (-expected_cost(g[0]), g[0].run_id))
+    return [",".join(s.run_id for s in g) for g in groups]
 
 
 def work(job: Job, conn) -> None:
@@ -231,7 +252,7 @@ def run_task(task: config.Task, out: Path | str, shard: tuple[int, int] = (1, 1)
     chosen = plan(setting, kind, cores)
     log(chosen.line)
     out.mkdir(parents=True, exist_ok=True)
-    queue = [s.run_id for s in order(specs)]
+    queue = jobs(specs, out, ensemble.size(task.ensemble, kind, len(task.seeds)))
     by_id = {s.run_id: s for s in specs}
     done = {"trained": 0, "skipped_train": 0, "evaluated": 0, "skipped_eval": 0, "probes": 0,
             "skipped_probes": 0, "speed": 0, "failed": [], "failed_rows": None}
@@ -290,8 +311,9 @@ class Pool:
                         elif what == "error":
                             finished += 1
                             self.log(f"{finished}/{total}: {w.run_id} failed in worker {slot + 1}: {value}")
-                            record_failure(out, by_id[w.run_id], value, kind)
-                            done["failed"].append(w.run_id)
+                            for run_id in members(w.run_id):
+                                record_failure(out, by_id[run_id], value, kind)
+                                done["failed"].append(run_id)
                             w.run_id = None
                         elif what == "interrupted":
                             raise KeyboardInterrupt
@@ -310,8 +332,9 @@ class Pool:
                             finished += 1
                             cause = _death(w.process.exitcode)
                             self.log(f"{finished}/{total}: {w.run_id} failed: worker {slot + 1} {cause}")
-                            record_failure(out, by_id[w.run_id], f"its worker process {cause}", kind)
-                            done["failed"].append(w.run_id)
+                            for run_id in members(w.run_id):
+                                record_failure(out, by_id[run_id], f"its worker process {cause}", kind)
+                                done["failed"].append(run_id)
                         elif not w.ready:
                             raise PosbenchError(f"worker {slot + 1} {_death(w.process.exitcode)} while starting")
                         del self.workers[slot]

@@ -14,6 +14,7 @@
 #   bash scripts/gpu_session.sh probes   OUT [SECONDS]   # the probe-seeds grid on --workers auto,
 #                                                       # eager, stopped after SECONDS (default 540);
 #                                                       # a later call goes on (--resume) where it stopped
+#   bash scripts/gpu_session.sh ensemble OUT   # 8 seeds of the quick task alone, then stacked (--ensemble)
 #
 # Each part writes a log and one tar.gz of its results into OUT (a few files: what a remote
 # command can hand back) and prints the tables. SMOKE=1 runs every part on CPU at toy sizes: it
@@ -21,7 +22,7 @@
 # flash-linear-attention cannot be installed (no package index), FLA=FOLDER puts a folder made by
 # `pip install --target FOLDER flash-linear-attention==0.6.0 fla-core==0.6.0 einops` on the path.
 set -euo pipefail
-part="${1:?part: check | speed | train | standard | probes}"
+part="${1:?part: check | speed | train | standard | probes | ensemble}"
 out="${2:?output folder}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -144,7 +145,8 @@ probes)
     # Probe runs are small: one CPU thread each drives the GPU, so runs go side by side on worker
     # processes (`posbench run --workers auto`: as many as the GPU's free memory holds at about 8 GB
     # each, the longest expected run first). SEEDS (default 3-9: seeds 0-2 are in
-    # results/probes/seeds) chooses the seeds; WORKERS a number instead of auto. Runs cut short keep
+    # results/probes/seeds) chooses the seeds; WORKERS a number instead of auto; ENSEMBLE the
+    # --ensemble setting (default off: each run alone, as results/probes/seeds). Runs cut short keep
     # their checkpoints in $out/probes/probes (kept between calls on one machine) and a later call
     # continues them (--resume).
     limit="${3:-540}"
@@ -156,12 +158,46 @@ probes)
     fi
     TORCHINDUCTOR_COMPILE_THREADS=1 timeout --signal=INT --kill-after=90 "$limit" \
         python3 -m posbench run "$task" --workers "$workers" --seeds "$seeds" --device "$device" \
-            --compile off --no-speed --resume --out "$work/probes" || true
+            --compile off --ensemble "${ENSEMBLE:-off}" --no-speed --resume --out "$work/probes" || true
     echo "probe-seeds: $(grep -c ',ok,' "$work/probes/runs.csv" 2>/dev/null || echo 0) runs finished"
     [ -f "$work/probes/runs.csv" ] && pb report "$work/probes"
     ;;
+ensemble)
+    # The seeds SEEDS (default 0-7) of SCHEME (default rope) on the quick task, STEPS steps (default
+    # 200): trained one after another as solo runs (compiled on CUDA, as by default), then as one
+    # stacked model (--ensemble, eager); the wall time of each and every run's tokens/s. The run_ids
+    # are the same: each mode writes its own folder.
+    seeds="${SEEDS:-0-7}" scheme="${SCHEME:-rope}" steps="${STEPS:-200}" task=quick
+    members=$(python3 -c "from posbench.config import parse_seeds; print(len(parse_seeds('$seeds')))")
+    if [ "$smoke" = 1 ]; then
+        shrink tasks/quick.toml "$work/quick-smoke.toml" d_model=32 n_layers=1 eval_interval=3 \
+            checkpoint_interval=3 eval_windows=4
+        task="$work/quick-smoke.toml" steps=6
+    fi
+    for mode in off "$members"; do
+        began=$(date +%s.%N)
+        pb train --scheme "$scheme" --task "$task" --seeds "$seeds" --ensemble "$mode" --steps "$steps" \
+            --device "$device" --runs-dir "$work/ensemble-$mode"
+        echo "ensemble $mode: wall $(python3 -c "print(f'{$(date +%s.%N) - $began:.1f}')") s"
+    done
+    python3 - "$work" "$members" <<'EOF'
+import csv, sys
+from pathlib import Path
+work, members = Path(sys.argv[1]), sys.argv[2]
+# Training seconds: the solo runs' add up; an ensemble's members share theirs (each counts every step).
+print("mode | runs | ensemble | compile | tokens/s per run (mean) | tokens/s of all runs | final train loss (mean)")
+for mode in ("off", members):
+    rows = list(csv.DictReader(open(work / f"ensemble-{mode}" / "runs.csv")))
+    rate = sum(float(r["tokens_per_second"]) for r in rows) / len(rows)
+    seconds = [float(r["train_seconds"]) for r in rows]
+    whole = sum(float(r["tokens"]) for r in rows) / (sum(seconds) if mode == "off" else max(seconds))
+    loss = sum(float(r["final_train_loss"]) for r in rows) / len(rows)
+    print(mode, "|", len(rows), "|", {r["ensemble"] for r in rows}, "|", {r["compile"] for r in rows}, "|",
+          f"{rate:,.0f}", "|", f"{whole:,.0f}", "|", f"{loss:.4f}")
+EOF
+    ;;
 *)
-    echo "unknown part: $part (check | speed | train | standard | probes)" >&2
+    echo "unknown part: $part (check | speed | train | standard | probes | ensemble)" >&2
     exit 2
     ;;
 esac

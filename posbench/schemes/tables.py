@@ -16,7 +16,22 @@ def position_count(pos: torch.Tensor, bound: int | None = None) -> int:
     which checked limits and grew tables to it beforehand, eagerly."""
     if bound is not None and torch.compiler.is_compiling():
         return bound
+    if not torch.compiler.is_compiling():
+        pos = every_member(pos)
     return int(pos.max()) + 1
+
+
+def every_member(pos: torch.Tensor) -> torch.Tensor:
+    """Inside torch.func.vmap, where an ensemble's members read positions of their own
+    (posbench.ensemble), the positions of all of them: a table grown to their largest serves each.
+    Elsewhere `pos` itself."""
+    try:
+        from torch._C._functorch import get_unwrapped, is_batchedtensor
+    except ImportError:  # a torch without functorch's internals: vmap refuses max(pos), the ensemble falls back
+        return pos
+    while is_batchedtensor(pos):
+        pos = get_unwrapped(pos)
+    return pos
 
 
 class GrowingTable:
