@@ -251,3 +251,105 @@ def test_extrapolate_writes_rows_of_each_policy(tiny_data, tmp_path, capsys):
     assert rope[("dpe", "32")]["reason"].startswith("dpe scales ") and "detected" in rope[("dpe", "32")]["reason"]
     assert rope[("dope", "32")]["backend"] == "explicit" and rope[("freq-band", "32")]["backend"] != "explicit"
     assert {r["scaling"] for r in rows if r["scheme"] == "alibi"} == {"none"}
+
+
+# ---- pretrained models -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """The tiny local Llama of test_pretrained (context 32, head dim 8, 4 heads on 2 key-value heads)."""
+    pytest.importorskip("transformers", reason="the pretrained extra (transformers) is not installed")
+    from posbench import pretrained
+    from tests.test_pretrained import build
+
+    folder = tmp_path_factory.mktemp("llama") / "tiny-llama"
+    build(folder)
+    return folder, pretrained.load(f"hf:{folder}")
+
+
+def llama_logits(m, x: torch.Tensor) -> torch.Tensor:
+    m.rotary.length = x.shape[1]
+    with torch.no_grad():
+        return m.model(x).logits
+
+
+def per_pair_attention(rel):
+    """transformers attention whose scores are q_i . R(rel[i][j][t]) k_j per pair t (q, k unrotated)."""
+    def attend(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        groups = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(groups, 1).double(), value.repeat_interleave(groups, 1).double()
+        t = query.shape[2]
+        scores = torch.full((*query.shape[:2], t, t), -math.inf, dtype=torch.float64)
+        for b in range(query.shape[0]):
+            for h in range(query.shape[1]):
+                hand = per_pair_logits(query[b, h].double(), key[b, h], rel, INV) * scaling
+                scores[b, h] = hand.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), -math.inf)
+        return (scores.softmax(-1) @ value).transpose(1, 2).to(query.dtype).contiguous(), None
+
+    return attend
+
+
+@pytest.mark.slow
+def test_pretrained_dpe_reads_its_per_pair_map(llama, monkeypatch):
+    """Blocks of 3 queries through the whole model: DPE's logits (scales 1, 2, 4, 4, W = 4) equal those
+    of attention over the map written per pair as in the reference."""
+    from transformers import AttentionInterface
+
+    from posbench import pretrained
+
+    _, m = llama
+    scales = (1.0, 2.0, 4.0, 4.0)
+    rel = [[[i - j] * 4 if i - j < 4 else [math.floor(i / s) + 4 - 4 / s - math.floor(j / s) for s in scales]
+            for j in range(10)] for i in range(10)]
+    x = torch.randint(0, 30, (1, 10))
+    AttentionInterface.register("hand_dpe", per_pair_attention(rel))
+    m.set_scaling(RopeScaling("dpe", window=4, scales=scales))
+    monkeypatch.setattr(pretrained, "ATTN_BYTES", 4 * 4 * 10 * 3)
+    got = llama_logits(m, x)
+    m.model.set_attn_implementation("hand_dpe")  # the identity rotary stays: q, k unrotated
+    want = llama_logits(m, x)
+    m.set_scaling(RopeScaling())
+    assert (got - want).abs().max() < 1e-5
+    assert (llama_logits(m, x) - want).abs().max() > 1e-4
+
+
+@pytest.mark.slow
+def test_pretrained_freq_band_and_dope(llama):
+    """freq-band: the rotary's cos 1 and sin 0 on the pairs longer than the context (32: pairs 1..3);
+    dope with no head flagged is the model itself, with its default flags another."""
+    _, m = llama
+    x = torch.randint(0, 30, (1, 40))
+    plain = llama_logits(m, x)
+    m.set_scaling(RopeScaling("freq-band"))
+    cos, sin = m.rotary(torch.zeros(1), torch.arange(40)[None])
+    assert torch.equal(cos[0, :, [1, 2, 3, 5, 6, 7]], torch.ones(40, 6)) and not sin[0, :, [1, 2, 3]].any()
+    assert (llama_logits(m, x) - plain).abs().max() > 1e-5
+    m.set_scaling(RopeScaling("dope", heads=0.0))
+    assert m.backend == "sdpa" and (llama_logits(m, x) - plain).abs().max() < 1e-5
+    m.set_scaling(RopeScaling("dope"))
+    flagged = llama_logits(m, x)
+    assert torch.isfinite(flagged).all() and (flagged - plain).abs().max() > 1e-4
+    assert torch.equal(llama_logits(m, x), flagged)  # seeded: the same noise every time
+    m.set_scaling(RopeScaling())
+
+
+@pytest.mark.slow
+def test_pretrained_commands_under_the_new_policies(llama, tmp_path):
+    from tests.conftest import write_corpus
+
+    folder, _ = llama
+    corpus = write_corpus(tmp_path / "corpus", n_docs=4, words=200)
+    task = tmp_path / "mine.toml"
+    task.write_text(f'schemes = []\n[data]\nspec = "files:{corpus}/*.txt"\n[model]\npretrained = "hf:{folder}"\n'
+                    "[eval]\nlengths = [32, 64]\ntokens = 128\n")
+    out = tmp_path / "out"
+    assert main(["extrapolate", "--task", str(task), "--rope-scaling", "none,dpe,dope,freq-band", "--out", str(out)]) == 0
+    rows = {(r["scaling"], r["eval_len"]): r for r in results.read_rows(out / "extrapolation.csv")}
+    assert set(rows) == {(s, n) for s in ("none", "dpe", "dope", "freq-band") for n in ("32", "64")}
+    assert all(r["status"] == "ok" and math.isfinite(float(r["ppl"])) for r in rows.values())
+    assert "detected" in rows[("dpe", "64")]["reason"] and rows[("dope", "32")]["reason"] == ""
+    assert main(["probe", "--task", str(task), "--probe", "passkey", "--lengths", "400", "--trials", "1",
+                 "--rope-scaling", "dpe,dope", "--out", str(out)]) == 0
+    probes = results.read_probes(out)
+    assert {p["scaling"] for p in probes} == {"dpe", "dope"}
+    assert all(p["reason"].startswith("dpe scales ") for p in probes if p["scaling"] == "dpe")
