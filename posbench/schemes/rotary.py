@@ -363,9 +363,10 @@ class RoPE(Scheme):
     m * theta_t, theta_t = base^(-2t/r); k likewise at n; so q.k depends on m - n only.
     `fraction` p (GPT-NeoX `rotary_pct`, GPT-J `rotary_dim`): only the first r = floor(p * D) dims
     of each head rotate, with the spectrum of an r-dim head; the other D - r pass through.
-    Eval-time scaling (`--rope-scaling`): pi, ntk, dynamic-ntk, yarn, llama3 (see
-    `rope_frequencies`), computed over the r rotated dims as transformers does; self-extend and
-    rerope merge two logit maps (`logits`, the explicit path). A child fine-tuned with a rescaling
+    Eval-time scaling (`--rope-scaling`): pi, ntk, dynamic-ntk, yarn, llama3, freq-band (see
+    `rope_frequencies`), computed over the r rotated dims as transformers does; self-extend,
+    rerope and dpe merge two logit maps, dope replaces its noisy heads' q and k (`logits`, the
+    explicit path). A child fine-tuned with a rescaling
     (pi, ntk, yarn, longrope: posbench.extending) keeps it as its `trained` scaling. q, k (B, H, T, D)."""
 
     name = "rope"
