@@ -278,8 +278,10 @@ class Pretrained:
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         per_token = 4 * (6 * c.hidden_size + 3 * c.intermediate_size)  # residual, norms, q/k/v/o, MLP
         keys = 4 * length * c.num_attention_heads * self.rotary.dim  # one layer's keys (or values), float32
-        # two maps: keys and values repeated over the heads, the keys turned for each map, a block's scores
-        attention = 4 * keys + ATTN_BYTES if self.rotary.scaling.kind in TWO_MAPS else 2 * keys
+        # two maps: keys and values repeated over the heads, the keys turned for each map, a block's scores;
+        # dope: keys and values repeated, and Gaussian q and k beside them
+        kind = self.rotary.scaling.kind
+        attention = 4 * keys + ATTN_BYTES if kind in TWO_MAPS else 6 * keys if kind == "dope" else 2 * keys
         return weights, per_token * length + attention + 3 * 4 * LOGIT_CHUNK * c.vocab_size
 
     @torch.inference_mode()
