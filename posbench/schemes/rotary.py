@@ -243,7 +243,7 @@ def dpe_positions(pos: torch.Tensor, scales: torch.Tensor, window: int) -> tuple
     """DPE's far map per pair (Lu et al. 2025, arXiv:2504.18857; LuLuLuyi/DPE `dpe_flash_forward`):
     with the pair's group scale s, query positions floor(i / s) + W - W / s and key positions
     floor(j / s), (T, pairs) float64; Self-Extend's map with a group size per pair."""
-    p = pos.double()[:, None]
+    p, scales = pos.double()[:, None], scales.to(pos.device)
     return torch.floor(p / scales) + window - window / scales, torch.floor(p / scales)
 
 
