@@ -253,6 +253,24 @@ def test_extrapolate_writes_rows_of_each_policy(tiny_data, tmp_path, capsys):
     assert {r["scaling"] for r in rows if r["scheme"] == "alibi"} == {"none"}
 
 
+@pytest.mark.slow
+def test_probes_of_a_trained_run_detect_dpe_on_the_prompt(tmp_path):
+    from posbench.config import TrainConfig
+    from posbench.data import DataConfig
+    from posbench.model import ModelConfig
+
+    runs = tmp_path / "runs"
+    train(RunSpec("rope", data=DataConfig(spec="passkey"), model=ModelConfig(d_model=16, n_layers=1, n_heads=2),
+                  train=TrainConfig(train_len=32, steps=2, batch_size=2, warmup=1, eval_interval=2)),
+          runs, device="cpu", progress=False)
+    assert main(["probe", "--runs-dir", str(runs), "--probe", "passkey", "--lengths", "32,64", "--trials", "2",
+                 "--rope-scaling", "none,dpe,dope,freq-band", "--device", "cpu"]) == 0
+    probes = results.read_probes(runs)
+    assert {(p["scaling"], p["eval_len"]) for p in probes} == {
+        (s, n) for s in ("none", "dpe", "dope", "freq-band") for n in ("32", "64")}
+    assert all(p["reason"].startswith("dpe scales ") for p in probes if p["scaling"] == "dpe")
+
+
 # ---- pretrained models -----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
