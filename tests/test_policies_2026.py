@@ -163,12 +163,14 @@ def test_dpe_detection_tries_one_group_at_a_time_and_keeps_the_least_loss():
 # ---- dope ------------------------------------------------------------------------------------
 
 def test_truncated_matrix_entropy_by_hand():
-    """K = [[1, 0], [0, 1], [1, 0]]: K^T K = diag(2, 1), p = (2/3, 1/3),
-    H = -(2/3 ln 2/3 + 1/3 ln 1/3) = ln 3 - (2/3) ln 2 = 0.636514; truncated to r = 1: 0; a
-    rank-one matrix: 0; the identity of size 4: ln 4."""
+    """K = [[1, 0], [0, 1], [1, 0]]: the eigenvalues of K K^T are 2, 1, 0, over the trace
+    p = (2/3, 1/3, 0), H = -(2/3 ln 2/3 + 1/3 ln 1/3) = ln 3 - (2/3) ln 2 = 0.636514; truncated
+    to r = 1: -(2/3) ln(2/3) = 0.270310 (UNComp's normalization: by the whole trace); a rank-one
+    matrix: 0; the identity of size 4: ln 4, and ln 4 / 2 at r = 2."""
     k = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
     assert float(truncated_entropy(k, 32)) == pytest.approx(0.636514168, abs=1e-8)
-    assert float(truncated_entropy(k, 1)) == 0.0
+    assert float(truncated_entropy(k, 1)) == pytest.approx(0.270310072, abs=1e-8)
+    assert float(truncated_entropy(torch.eye(4), 2)) == pytest.approx(math.log(4) / 2)
     assert float(truncated_entropy(torch.ones(5, 3), 32)) == pytest.approx(0.0, abs=1e-12)
     assert float(truncated_entropy(torch.eye(4), 32)) == pytest.approx(math.log(4))
 

@@ -4,11 +4,13 @@ entropy) are taken for noisy, and their attention map is reparameterized by an i
 Training-free and without parameters of its own; posbench's settings (`RopeScaling.heads`, `rank`)
 are stated where the paper's text was not reachable, in posbench/docs/extension.md.
 
-Truncated matrix entropy of a head's keys K (T x D): the eigenvalues lambda_1 >= lambda_2 >= ... of
-its Gram matrix K^T K (the squared singular values of K), the r largest kept, p_i = lambda_i /
-sum_{j <= r} lambda_j, H_r = -sum_{i <= r} p_i ln p_i (0 ln 0 = 0); H_r = 0 for a rank-one K, ln r
-for r equal eigenvalues. Per layer the heads with the least H_r (averaged over the batch), a share
-`heads` of them (at least one), are flagged; their q and k are replaced by isotropic Gaussian noise
+Truncated matrix entropy of a head's keys K (T x D), as UNComp (Xiong et al. 2024, by DoPE's first
+author) defines it: the eigenvalues p_1 >= p_2 >= ... of the trace-normalized Gram matrix
+K K^T / tr(K K^T) (the squared singular values of K over their sum), H_r = -sum_{i <= r} p_i ln p_i
+over the r largest (0 ln 0 = 0); H_r = 0 for a rank-one K, ln r for r equal eigenvalues and rank r.
+
+Per layer the heads with the least H_r (averaged over the batch), a share `heads` of them (at least
+one), are flagged; their q and k are replaced by isotropic Gaussian noise
 with the standard deviation of the q and k they replace (DoPE-by-Gaussian), drawn from a generator
 seeded by the layer, so that a window scores alike every time. The other heads are untouched.
 """
@@ -24,9 +26,9 @@ DOPE_SEED = 20251112  # the noise of layer l is drawn from a generator seeded DO
 
 def truncated_entropy(k: torch.Tensor, rank: int) -> torch.Tensor:
     """k (..., T, D) -> (...,) H_r of each matrix, in float64 (module docstring)."""
-    lam = torch.linalg.svdvals(k.double())[..., :rank] ** 2  # descending
+    lam = torch.linalg.svdvals(k.double()) ** 2  # descending
     p = lam / lam.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
-    return -torch.special.xlogy(p, p).sum(-1)
+    return -torch.special.xlogy(p[..., :rank], p[..., :rank]).sum(-1)
 
 
 def flagged_count(share: float, heads: int) -> int:
