@@ -169,10 +169,18 @@ def detect_dpe(scorer, set_scaling, scaling: RopeScaling, pairs: int, train_len:
     return found
 
 
-def dpe_note(scaling: RopeScaling) -> str:
-    """The reason column of a DPE row: the scales it read with, and whence."""
-    how = "detected on validation windows" if scaling.detected else "given"
+def dpe_note(scaling: RopeScaling, text: str = "validation windows") -> str:
+    """The reason column of a DPE row: the scales it read with, and whence (detected on `text`)."""
+    how = f"detected on {text}" if scaling.detected else "given"
     return f"dpe scales {'-'.join(f'{s:g}' for s in scaling.scales)} ({how})"
+
+
+def trained_dpe(model, dev, dtype: str, scaling: RopeScaling, length: int, tokens: torch.Tensor, text: str) -> str:
+    """A trained run's DPE scales at `length`, detected on the windows `tokens` (`text` says what
+    they are) and set on its layout: the note its rows carry."""
+    found = detect_dpe(TrainedScorer(model, dev, dtype, 0), model.layout.set_scaling, scaling,
+                       *rotary_pairs(model.layout), length, tokens)
+    return dpe_note(found, text)
 
 
 def stride_for(cfg: EvalConfig, length: int) -> int:
@@ -377,9 +385,8 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
             note = ""
             try:
                 if variant.scaling.kind == "dpe":
-                    note = dpe_note(detect_dpe(TrainedScorer(model, dev, spec.train.dtype, cfg.batch_tokens),
-                                               model.layout.set_scaling, variant.scaling, *rotary_pairs(model.layout),
-                                               length, detection_windows(data.valid, length, cfg.dpe_windows)))
+                    note = trained_dpe(model, dev, spec.train.dtype, variant.scaling, length,
+                                       detection_windows(data.valid, length, cfg.dpe_windows), "validation windows")
                 for draw in range(draws):
                     pos = evaluation_positions(spec.train, length, draw)
                     with observe(recorder if inline else None):

@@ -536,7 +536,8 @@ def dpe_on_prompt(m: Pretrained, scaling: RopeScaling, tokens: list[int]) -> str
     """DPE's scales detected on one prompt's tokens (its next-token losses), set on the model; the
     note its rows carry."""
     window = torch.tensor(tokens)[None]
-    return dpe_note(detect_dpe(m, m.set_scaling, scaling, m.rotary.dim // 2, m.train_len, len(tokens) - 1, window))
+    return dpe_note(detect_dpe(m, m.set_scaling, scaling, m.rotary.dim // 2, m.train_len, len(tokens) - 1, window),
+                    "the first prompt")
 
 
 def passkey(spec: str, cfg: ProbesConfig, eval_cfg: EvalConfig, lengths: tuple[int, ...], out: Path, task: str,

@@ -37,8 +37,7 @@ from posbench.config import EvalConfig, ProbesConfig
 from posbench.data import probe_corpus
 from posbench.errors import PosbenchError, on_interrupt
 from posbench.extension import columns as extension_columns
-from posbench.evaluate import (ATTN_BYTES, TrainedScorer, detect_dpe, dpe_note, failure, find_runs, rotary_pairs,
-                               variants_for)
+from posbench.evaluate import ATTN_BYTES, failure, find_runs, trained_dpe, variants_for
 from posbench.positions import evaluation_columns, evaluation_positions
 from posbench.probes import PROBES, Example, Probe, parse_probe, probe_name
 from posbench.schemes import PositionLimitError
@@ -164,9 +163,8 @@ def evaluate_run(run_dir: Path, cfg: ProbesConfig, eval_cfg: EvalConfig, device:
             note = ""
             try:  # every variant of a length in one batch, once per position draw
                 if variant.scaling.kind == "dpe":  # DPE's scales at this length, on the first prompt's tokens
-                    note = dpe_note(detect_dpe(TrainedScorer(model, dev, spec.train.dtype, 0), model.layout.set_scaling,
-                                               variant.scaling, *rotary_pairs(model.layout), length - 1,
-                                               torch.tensor([prompts[0].tokens])))
+                    note = trained_dpe(model, dev, spec.train.dtype, variant.scaling, length - 1,
+                                       torch.tensor([prompts[0].tokens]), "the first prompt")
                 for draw in range(draws):
                     pos = evaluation_positions(spec.train, length, draw)
                     judged.append(verdicts(model, prompts, dev, spec.train.dtype, pos))
