@@ -367,7 +367,7 @@ def gib(n: float) -> str:
 
 def memory_line(m: Pretrained, scalings: list[RopeScaling], length: int) -> str:
     """What the longest window takes, said before any window runs."""
-    worst = max(scalings, key=lambda s: s.kind in TWO_MAPS)
+    worst = max(scalings, key=lambda s: 2 if s.kind in TWO_MAPS else s.kind == "dope")
     saved = m.rotary.scaling
     m.rotary.scaling = worst
     weights, peak = m.memory(length)
