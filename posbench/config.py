@@ -99,6 +99,16 @@ class EvalConfig:
     rerope_window: int = knob(0, "ReRoPE window w (0: train_len/4)", non_negative, flag=True)
     rerope_leak: float = knob(0.0, "ReRoPE leak k (0: clip at w; >= 1: leaky ReRoPE)",
                               Range("0 (ReRoPE) or >= 1 (leaky ReRoPE)", lambda v: v == 0 or v >= 1), flag=True)
+    freq_band_cutoff: float = knob(1.0, "freq-band: pairs whose wavelength exceeds cutoff x train_len are left "
+                                   "unrotated", positive, flag=True)
+    dpe_groups: int = knob(8, "DPE groups of rotary pairs, one scale each", at_least(1), flag=True)
+    dpe_window: int = knob(0, "DPE neighbour window W (0: train_len/8)", non_negative, flag=True)
+    dpe_scales: tuple[float, ...] = knob((), "DPE scale per group (empty: detected at every length on "
+                                         "validation windows)", at_least(1), flag=True)
+    dpe_windows: int = knob(2, "DPE detection: validation windows scored per trial scale", positive, flag=True)
+    dope_heads: float = knob(0.125, "DoPE share of each layer's heads flagged noisy (at least one)",
+                             between(0, 1), flag=True)
+    dope_rank: int = knob(32, "DoPE truncation r of the matrix entropy", at_least(1), flag=True)
     longrope_factors: tuple[float, ...] = knob((), "LongRoPE factors, one per rotated pair: longrope in "
                                                "rope_scaling", positive, flag=True)
     learned_extension: tuple[str, ...] = knob(("none",), "learned-table extensions: none,hierarchical",

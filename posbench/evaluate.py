@@ -53,7 +53,7 @@ from posbench.positions import evaluation_columns, evaluation_positions, randomi
 from posbench.progress import Bar
 from posbench.probes import PROBES, probe_name
 from posbench.schemes import SCHEMES, PositionLimitError
-from posbench.schemes.rotary import RopeScaling
+from posbench.schemes.rotary import RopeScaling, detect_dpe_scales
 from posbench.device import autocast, resolve_device
 from posbench.runs import FINAL, RunSpec, load_spec, load_trained
 
@@ -131,9 +131,56 @@ def scaling_note(rows: list[dict], kinds: tuple[str, ...]) -> str | None:
 
 def scaling_of(kind: str, cfg: EvalConfig) -> RopeScaling:
     """The eval-time scaling `kind` with the settings of `cfg`."""
+    window = {"self-extend": cfg.self_extend_window, "dpe": cfg.dpe_window}.get(kind, cfg.rerope_window)
     return RopeScaling(kind, cfg.rope_scaling_factor, cfg.yarn_alpha, cfg.yarn_beta, cfg.llama3_low, cfg.llama3_high,
-                       group=cfg.self_extend_group, window=cfg.self_extend_window if kind == "self-extend" else cfg.rerope_window,
-                       leak=cfg.rerope_leak, factors=cfg.longrope_factors if kind == "longrope" else ())
+                       group=cfg.self_extend_group, window=window, leak=cfg.rerope_leak,
+                       factors=cfg.longrope_factors if kind == "longrope" else (), cutoff=cfg.freq_band_cutoff,
+                       groups=cfg.dpe_groups, scales=cfg.dpe_scales if kind == "dpe" else (), heads=cfg.dope_heads,
+                       rank=cfg.dope_rank)
+
+
+def detection_windows(valid: torch.Tensor, length: int, count: int, seed: int = 0) -> torch.Tensor:
+    """(count, L + 1) windows of the token stream `valid` (a validation split) at starts drawn
+    uniformly with `seed`: the text DPE's detection scores its trial scales on."""
+    room = len(valid) - length - 1
+    if room < 0:
+        raise PosbenchError(f"dpe: the detection text ({len(valid)} tokens) is shorter than one window of {length}")
+    starts = torch.randint(0, room + 1, (count,), generator=torch.Generator().manual_seed(seed))
+    return valid[starts[:, None] + torch.arange(length + 1)]
+
+
+def rotary_pairs(layout) -> tuple[int, int]:
+    """(rotary pairs, training length) of a layout's RoPE layers, the fewest pairs where they differ."""
+    rotary = [s for s in layout.schemes if hasattr(s, "set_scaling")]
+    return min(s.rotary_dim // 2 for s in rotary), rotary[0].dims.train_len
+
+
+@torch.inference_mode()
+def detect_dpe(scorer, set_scaling, scaling: RopeScaling, pairs: int, train_len: int, length: int,
+               tokens: torch.Tensor) -> RopeScaling:
+    """DPE's scales at `length` (posbench.schemes.rotary.detect_dpe_scales), each trial scored by
+    the mean loss of `scorer` on the windows `tokens` (B, L + 1); the scaling found is set."""
+    def loss(trial: RopeScaling) -> float:
+        set_scaling(trial)
+        return float(scorer.losses(tokens).mean())
+
+    found = detect_dpe_scales(loss, scaling, pairs, length, train_len)
+    set_scaling(found)
+    return found
+
+
+def dpe_note(scaling: RopeScaling, text: str = "validation windows") -> str:
+    """The reason column of a DPE row: the scales it read with, and whence (detected on `text`)."""
+    how = f"detected on {text}" if scaling.detected else "given"
+    return f"dpe scales {'-'.join(f'{s:g}' for s in scaling.scales)} ({how})"
+
+
+def trained_dpe(model, dev, dtype: str, scaling: RopeScaling, length: int, tokens: torch.Tensor, text: str) -> str:
+    """A trained run's DPE scales at `length`, detected on the windows `tokens` (`text` says what
+    they are) and set on its layout: the note its rows carry."""
+    found = detect_dpe(TrainedScorer(model, dev, dtype, 0), model.layout.set_scaling, scaling,
+                       *rotary_pairs(model.layout), length, tokens)
+    return dpe_note(found, text)
 
 
 def stride_for(cfg: EvalConfig, length: int) -> int:
@@ -335,7 +382,11 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
             # The explicit path is the only one that forms the weights: a run already on it is
             # recorded while it is scored, any other by a second pass over the same windows.
             inline = recorder is not None and row["backend"] == "explicit"
+            note = ""
             try:
+                if variant.scaling.kind == "dpe":
+                    note = trained_dpe(model, dev, spec.train.dtype, variant.scaling, length,
+                                       detection_windows(data.valid, length, cfg.dpe_windows), "validation windows")
                 for draw in range(draws):
                     pos = evaluation_positions(spec.train, length, draw)
                     with observe(recorder if inline else None):
@@ -362,7 +413,7 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
             status = "ok" if math.isfinite(loss) else "failed"
             rows.append({**row, "tokens": int(count.sum()), "loss": loss, "ppl": math.exp(loss),
                          **loss_interval(loss, window_loss.tolist(), correlated_windows(cfg.mode, length, row["stride"])),
-                         **(keys.columns() if keys is not None else {}), "status": status, "reason": ""})
+                         **(keys.columns() if keys is not None else {}), "status": status, "reason": note})
             positions += position_rows(row, total, count, cfg.position_buckets)
             per_window += window_rows(row, starts, window_loss)
             if recorder is not None:

@@ -374,7 +374,7 @@ def pictures(scheme: Scheme, n: int, train_len: int, scalings=(), name: str | No
                 scheme.set_scaling(scaling)
             try:
                 logits[label] = logit_by_distance(scheme, n)
-                if "qk" in scheme.hooks:  # a two-map scaling (self-extend, rerope) forms logits instead
+                if "qk" in scheme.hooks:  # a two-map scaling (self-extend, rerope, dpe) or dope forms logits instead
                     try:
                         angles[label] = pair_angles(scheme, n, train_len)
                     except PosbenchError:

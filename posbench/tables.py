@@ -591,7 +591,8 @@ def extend(directory: Path, *, lengths="64,256,1024", pairs=EXTEND_PAIRS) -> str
 
 # ---- pretrained ---------------------------------------------------------------------------------
 
-POLICY_ORDER = ("none", "pi", "ntk", "dynamic-ntk", "yarn", "llama3", "longrope", "self-extend", "rerope")
+POLICY_ORDER = ("none", "pi", "ntk", "dynamic-ntk", "yarn", "llama3", "longrope", "freq-band", "self-extend", "rerope",
+                "dpe", "dope")
 
 
 def _policy(scaling: str) -> tuple:

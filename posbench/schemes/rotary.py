@@ -8,6 +8,7 @@ which q.k ignores.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -16,18 +17,25 @@ import torch.nn.functional as F
 from torch import nn
 
 from posbench.errors import PosbenchError, did_you_mean
+from posbench.schemes.dope import dope_qk
 from posbench.schemes.base import Scheme, at_least, between, frequency_base, one_of, positive, size
 from posbench.schemes.registry import register
 from posbench.schemes.tables import GrowingTable, position_count
 
-# Eval-time policies, chosen with --rope-scaling. self-extend and rerope merge two logit maps
-# (posbench/docs/extension.md): a RoPE layer under them takes the explicit attention path.
-TWO_MAPS = ("self-extend", "rerope")
-SCALINGS = ("none", "pi", "ntk", "dynamic-ntk", "yarn", "llama3", *TWO_MAPS)
+# Eval-time policies, chosen with --rope-scaling. self-extend, rerope and dpe merge two logit maps
+# (posbench/docs/extension.md): a RoPE layer under them takes the explicit attention path, as under
+# dope, which replaces the q and k of its noisy heads (posbench.schemes.dope). freq-band leaves the
+# pairs of long wavelength unrotated (`rope_frequencies`).
+TWO_MAPS = ("self-extend", "rerope", "dpe")
+LOGIT_POLICIES = (*TWO_MAPS, "dope")
+SCALINGS = ("none", "pi", "ntk", "dynamic-ntk", "yarn", "llama3", "freq-band", *TWO_MAPS, "dope")
+UNSCALED = ("none", "freq-band", *LOGIT_POLICIES)  # s = 1: no interpolation factor
 # longrope needs searched per-pair factors (posbench.extending): a fine-tuning method, not a flag value.
 KINDS = (*SCALINGS, "longrope")
 YARN_DEFAULTS = (1.0, 32.0)  # (alpha, beta)
 LLAMA3_DEFAULTS = (1.0, 4.0)  # (low, high): low_freq_factor, high_freq_factor of Llama 3.1
+DPE_GROUPS = 8  # DPE: the reference's eight equal groups of rotary pairs (config/dpe_config.yaml)
+DOPE_DEFAULTS = (0.125, 32)  # DoPE: (share of each layer's heads flagged, truncation rank r)
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,12 @@ class RopeScaling:
     group: int = 8  # Self-Extend: G, positions floor(p / G) beyond the window
     window: int = 0  # Self-Extend W or ReRoPE w: exact RoPE below it; 0: about train_len / 4 (neighbour_window)
     leak: float = 0.0  # ReRoPE: 0 clips at w; k >= 1: leaky, w + (i - j - w) / k
+    cutoff: float = 1.0  # freq-band: pairs with wavelength 2 pi / theta_t > cutoff * L_train unrotated
+    groups: int = DPE_GROUPS  # DPE: groups of rotary pairs, one scale each
+    scales: tuple[float, ...] = ()  # DPE: the scale of each group; () until detected (`detect_dpe_scales`)
+    heads: float = DOPE_DEFAULTS[0]  # DoPE: share of each layer's heads flagged noisy (at least one)
+    rank: int = DOPE_DEFAULTS[1]  # DoPE: r, the eigenvalues the truncated matrix entropy keeps
+    detected: bool = False  # DPE: `scales` were detected at the evaluation length (the label leaves them out)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -53,10 +67,10 @@ class RopeScaling:
     @property
     def fixed(self) -> bool:
         """The frequencies do not depend on the window's length (no dynamic rescaling)."""
-        return self.kind in ("none", *TWO_MAPS) or (self.factor > 0 and self.kind != "dynamic-ntk")
+        return self.kind in UNSCALED or (self.factor > 0 and self.kind != "dynamic-ntk")
 
     def scale(self, length: int, train_len: int) -> float:
-        if self.kind in ("none", *TWO_MAPS):
+        if self.kind in UNSCALED:
             return 1.0
         return self.factor if self.factor > 0 else max(1.0, length / train_len)
 
@@ -70,23 +84,48 @@ class RopeScaling:
             label += f"(alpha={self.alpha:g},beta={self.beta:g})"
         if self.kind == "llama3" and (self.low, self.high) != LLAMA3_DEFAULTS:
             label += f"(low={self.low:g},high={self.high:g})"
-        if self.kind in TWO_MAPS:
+        if self.kind in ("self-extend", "rerope"):
             given = {"group": self.group if self.kind == "self-extend" and self.group != 8 else 0,
                      "window": self.window, "leak": self.leak}
-            changed = ",".join(f"{k}={v:g}" for k, v in given.items() if v)
-            label = self.kind + (f"({changed})" if changed else "")
+            label = self.kind + _changed(given)
+        if self.kind in ("freq-band", "dpe", "dope"):
+            label = self.kind + _changed(self._settings())
         return label
+
+    def _settings(self) -> dict:
+        """The non-default settings of freq-band, dpe and dope, as their labels name them."""
+        if self.kind == "freq-band":
+            return {"cutoff": self.cutoff if self.cutoff != 1.0 else 0}
+        if self.kind == "dpe":
+            return {"groups": self.groups if self.groups != DPE_GROUPS else 0, "window": self.window,
+                    "scales": "-".join(f"{s:g}" for s in self.scales) if self.given_scales else ""}
+        return {"heads": self.heads if self.heads != DOPE_DEFAULTS[0] else 0,
+                "rank": self.rank if self.rank != DOPE_DEFAULTS[1] else 0}
+
+    @property
+    def given_scales(self) -> bool:
+        """DPE scales set by the user (--dpe-scales), not detected: only those name the label."""
+        return bool(self.scales) and not self.detected
 
     def neighbour_window(self, train_len: int) -> int:
         """W (Self-Extend) or w (ReRoPE): relative positions below it keep plain RoPE. Unless given,
         train_len // 4, for Self-Extend rounded to the nearest multiple of G (at least G), since
-        W / G positions must be whole: L = 100, G = 8 gives 24, L = 512 gives 128."""
+        W / G positions must be whole: L = 100, G = 8 gives 24, L = 512 gives 128. DPE: train_len // 8,
+        the reference's 1024 for 8K-token models (config/dpe_config.yaml), at least 1."""
         if self.window:
             return self.window
+        if self.kind == "dpe":
+            return max(1, train_len // 8)
         quarter = train_len // 4
         if self.kind == "self-extend":
             return self.group * max(1, (quarter + self.group // 2) // self.group)
         return max(1, quarter)
+
+
+def _changed(given: dict) -> str:
+    """"(k=v,...)" of the settings given a non-default (non-zero) value; "" when none is."""
+    parts = [f"{k}={v:g}" if isinstance(v, (int, float)) else f"{k}={v}" for k, v in given.items() if v]
+    return f"({','.join(parts)})" if parts else ""
 
 
 def yarn_ramp(dim: int, base: float, train_len: int, alpha: float, beta: float) -> torch.Tensor:
@@ -142,6 +181,8 @@ def rope_frequencies(
         # sqrt(1 + ln s / ln L); the factors apply at every position (no n^ of the paper) and at
         # every length: long factors only, no short_factor up to L (posbench.extension)
         return inv / torch.tensor(scaling.factors, dtype=torch.float64), math.sqrt(1 + math.log(s) / math.log(train_len))
+    if scaling.kind == "freq-band":
+        return freq_band(inv, train_len, scaling.cutoff), 1.0
     if kind in ("yarn", "llama3"):  # by parts: each pair between kept and divided by s
         if kind == "yarn":
             ramp, mscale = yarn_ramp(dim, base, train_len, scaling.alpha, scaling.beta), 0.1 * math.log(s) + 1.0
@@ -149,6 +190,17 @@ def rope_frequencies(
             ramp, mscale = llama3_ramp(inv, train_len, scaling.low, scaling.high), 1.0
         return inv / s * ramp + inv * (1 - ramp), mscale
     return inv, 1.0
+
+
+def freq_band(inv: torch.Tensor, train_len: int, cutoff: float) -> torch.Tensor:
+    """freq-band (Oka et al., ICLR 2026, "Frequency Bands in RoPE: Base Frequency and Context Length
+    Shape the Interpolation-Extrapolation Trade-off"): the pairs below the high-norm frequency band,
+    whose location the paper ties to the base and the training length, are replaced by NoPE at
+    inference. The paper's exact band rule was not reachable, so posbench's rule is stated here:
+    a pair whose wavelength 2 pi / theta_t exceeds cutoff * L_train (cutoff 1: it never completes
+    a turn within the training window) gets theta_t = 0, angle 0 at every position, so its q.k is
+    content alone; the other pairs keep theta_t, their q.k unchanged."""
+    return torch.where(2 * math.pi / inv > cutoff * train_len, torch.zeros_like(inv), inv)
 
 
 def angle_table(inv: torch.Tensor, mscale: float = 1.0, period: torch.Tensor | None = None) -> GrowingTable:
@@ -179,6 +231,69 @@ def self_extend_positions(pos: torch.Tensor, group: int, window: int) -> tuple[t
     return pos // group + window - window // group, pos // group
 
 
+def dpe_pair_scales(scales: tuple[float, ...], pairs: int) -> torch.Tensor:
+    """(pairs,) float64, the scale of each rotary pair: DPE's groups split the pairs evenly in
+    frequency order, pair t in group floor(t g / pairs) (the reference's `dimension_groups_range`
+    [0, 8, ..., 64] over 64 pairs: pair t in group t // 8)."""
+    group = torch.arange(pairs) * len(scales) // pairs
+    return torch.tensor(scales, dtype=torch.float64)[group]
+
+
+def dpe_positions(pos: torch.Tensor, scales: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """DPE's far map per pair (Lu et al. 2025, arXiv:2504.18857; LuLuLuyi/DPE `dpe_flash_forward`):
+    with the pair's group scale s, query positions floor(i / s) + W - W / s and key positions
+    floor(j / s), (T, pairs) float64; Self-Extend's map with a group size per pair."""
+    p, scales = pos.double()[:, None], scales.to(pos.device)
+    return torch.floor(p / scales) + window - window / scales, torch.floor(p / scales)
+
+
+def dpe_default(length: int, train_len: int) -> float:
+    """The scale DPE's detection gives the groups not under test, 2 L / L_train (the reference's
+    `run_niah_detect.sh`: factor = TEST_MAX_LENGTH / PRETRAIN_LENGTH * 2), at least 1."""
+    return max(1.0, 2 * length / train_len)
+
+
+def dpe_candidates(length: int, window: int) -> list[float]:
+    """The scales DPE's detection tries for a group: L / l for l = L, L/2, L/4, ... down to the
+    window W (the reference halves from TEST_MAX_LENGTH while the length is >= 1024, its W)."""
+    found, s = [1.0], 2.0
+    while length / s >= window:
+        found.append(s)
+        s *= 2
+    return found
+
+
+def detect_dpe_scales(loss, scaling: RopeScaling, pairs: int, length: int, train_len: int) -> RopeScaling:
+    """DPE's detection of the most effective scale per group (the reference's step a,
+    `run_niah_detect.sh`): group by group, the other groups at `dpe_default`, the group under test
+    at each of `dpe_candidates`, keeping the scale with the least loss(scaling) (NIAH accuracy in
+    the reference; posbench scores the validation loss, ties to the smaller scale). Returns the
+    scaling with the scales found, marked detected."""
+    if scaling.given_scales:
+        return scaling
+    g, default = min(scaling.groups, pairs), dpe_default(length, train_len)
+    window = scaling.neighbour_window(train_len)
+    found = []
+    for group in range(g):
+        def trial(s, group=group):
+            scales = tuple(s if i == group else default for i in range(g))
+            value = loss(dataclasses.replace(scaling, scales=scales, detected=True))
+            return value if math.isfinite(value) else math.inf
+        found.append(min(dpe_candidates(length, window), key=trial))
+    return dataclasses.replace(scaling, scales=tuple(found), detected=True)
+
+
+def dpe_ready(scaling: RopeScaling, pairs: int, length: int, train_len: int) -> RopeScaling:
+    """The scaling with DPE's scales: those detected or given, else (nothing detected: a picture, a
+    probe of a trained run) every group at `dpe_default`. Other policies as they are."""
+    if scaling.kind != "dpe":
+        return scaling
+    if len(scaling.scales) > pairs:
+        raise PosbenchError(f"dpe: {len(scaling.scales)} scales for {pairs} rotary pairs; give at most one per pair")
+    default = (dpe_default(length, train_len),) * min(scaling.groups, pairs)
+    return scaling if scaling.scales else dataclasses.replace(scaling, scales=default)
+
+
 def two_map_choice(qpos: torch.Tensor, window: int, kpos: torch.Tensor | None = None) -> torch.Tensor:
     """(Tq, Tk) True where query i reads key j through the neighbour map (plain RoPE): i - j < W
     (kpos: the keys' positions, the queries' when None)."""
@@ -188,8 +303,9 @@ def two_map_choice(qpos: torch.Tensor, window: int, kpos: torch.Tensor | None = 
 
 def turn_at(x: torch.Tensor, pos: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
     """x (..., T, D) with its first 2 len(inv) dims rotated at (possibly non-integer) positions
-    pos (T,) by inverse frequencies inv, the angles in float64 as the tables'."""
-    angle = pos.double()[:, None] * inv.to(pos.device)  # (T, r/2)
+    pos (T,), or (T, r/2) one per pair, by inverse frequencies inv, the angles in float64 as the tables'."""
+    p = pos.double()
+    angle = (p[:, None] if p.dim() == 1 else p) * inv.to(pos.device)  # (T, r/2)
     cos, sin = angle.cos().float().to(x.dtype), angle.sin().float().to(x.dtype)
     r = 2 * inv.shape[0]
     if r == x.shape[-1]:
@@ -201,9 +317,12 @@ def far_queries(q: torch.Tensor, qpos: torch.Tensor, inv: torch.Tensor, scaling:
                 window: int) -> torch.Tensor:
     """q (..., Tq, D) at qpos, unrotated, turned for the policy's map beyond the window (with
     `far_keys`): Self-Extend's grouped query positions, ReRoPE's w, or leaky ReRoPE's i + w(k - 1)
-    at frequencies / k, so that q.k reads floor(i/G) - floor(j/G) + W - W/G, w, or w + (i - j - w) / k."""
+    at frequencies / k, so that q.k reads floor(i/G) - floor(j/G) + W - W/G, w, or w + (i - j - w) / k;
+    DPE's floor(i/s_t) + W - W/s_t per pair (`dpe_positions`, its scales set: `dpe_ready`)."""
     if scaling.kind == "self-extend":
         return turn_at(q, self_extend_positions(qpos, scaling.group, window)[0], inv)
+    if scaling.kind == "dpe":
+        return turn_at(q, dpe_positions(qpos, dpe_pair_scales(scaling.scales, len(inv)), window)[0], inv)
     if scaling.leak:
         return turn_at(q, qpos + window * (scaling.leak - 1), inv / scaling.leak)
     return turn_at(q, torch.full_like(qpos, window), inv)
@@ -211,9 +330,11 @@ def far_queries(q: torch.Tensor, qpos: torch.Tensor, inv: torch.Tensor, scaling:
 
 def far_keys(k: torch.Tensor, kpos: torch.Tensor, inv: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
     """k (..., Tk, D) at kpos, unrotated, turned for the far map: Self-Extend's floor(j/G), leaky
-    ReRoPE's j at frequencies / k; ReRoPE leaves the keys unrotated."""
+    ReRoPE's j at frequencies / k, DPE's floor(j/s_t); ReRoPE leaves the keys unrotated."""
     if scaling.kind == "self-extend":
         return turn_at(k, self_extend_positions(kpos, scaling.group, 0)[1], inv)
+    if scaling.kind == "dpe":
+        return turn_at(k, dpe_positions(kpos, dpe_pair_scales(scaling.scales, len(inv)), 0)[1], inv)
     if scaling.leak:
         return turn_at(k, kpos, inv / scaling.leak)
     return k
@@ -221,7 +342,7 @@ def far_keys(k: torch.Tensor, kpos: torch.Tensor, inv: torch.Tensor, scaling: Ro
 
 def two_map_scores(q: torch.Tensor, k: torch.Tensor, qpos: torch.Tensor, kpos: torch.Tensor, inv: torch.Tensor,
                    scaling: RopeScaling, window: int) -> torch.Tensor:
-    """Self-Extend or ReRoPE q.k (unscaled): q (B, H, Tq, D) at qpos, k (B, H, Tk, D) at kpos, both
+    """Self-Extend, ReRoPE or DPE q.k (unscaled): q (B, H, Tq, D) at qpos, k (B, H, Tk, D) at kpos, both
     unrotated -> (B, H, Tq, Tk), plain RoPE where i - j < W, the policy's map beyond."""
     near = turn_at(q, qpos, inv) @ turn_at(k, kpos, inv).transpose(-1, -2)
     far = far_queries(q, qpos, inv, scaling, window) @ far_keys(k, kpos, inv, scaling).transpose(-1, -2)
@@ -242,9 +363,10 @@ class RoPE(Scheme):
     m * theta_t, theta_t = base^(-2t/r); k likewise at n; so q.k depends on m - n only.
     `fraction` p (GPT-NeoX `rotary_pct`, GPT-J `rotary_dim`): only the first r = floor(p * D) dims
     of each head rotate, with the spectrum of an r-dim head; the other D - r pass through.
-    Eval-time scaling (`--rope-scaling`): pi, ntk, dynamic-ntk, yarn, llama3 (see
-    `rope_frequencies`), computed over the r rotated dims as transformers does; self-extend and
-    rerope merge two logit maps (`logits`, the explicit path). A child fine-tuned with a rescaling
+    Eval-time scaling (`--rope-scaling`): pi, ntk, dynamic-ntk, yarn, llama3, freq-band (see
+    `rope_frequencies`), computed over the r rotated dims as transformers does; self-extend,
+    rerope and dpe merge two logit maps, dope replaces its noisy heads' q and k (`logits`, the
+    explicit path). A child fine-tuned with a rescaling
     (pi, ntk, yarn, longrope: posbench.extending) keeps it as its `trained` scaling. q, k (B, H, T, D)."""
 
     name = "rope"
@@ -288,9 +410,12 @@ class RoPE(Scheme):
         if scaling.kind == "self-extend" and scaling.neighbour_window(self.dims.train_len) % scaling.group:
             raise PosbenchError(f"self-extend: the window {scaling.neighbour_window(self.dims.train_len)} must be "
                                 f"divisible by the group {scaling.group} (else positions are fractional)")
+        if scaling.kind == "dpe":
+            dpe_ready(scaling, self.rotary_dim // 2, self.dims.train_len, self.dims.train_len)  # too many scales: refused
         self.scaling = self.trained if scaling.kind == "none" else scaling
-        # The two-map policies read q and k unrotated and build the logits themselves.
-        self.hooks = ("logits",) if self.scaling.kind in TWO_MAPS else type(self).hooks
+        # The two-map policies read q and k unrotated and build the logits themselves; dope forms
+        # them from q and k turned and its noisy heads replaced.
+        self.hooks = ("logits",) if self.scaling.kind in LOGIT_POLICIES else type(self).hooks
 
     def set_trained_scaling(self, scaling: RopeScaling) -> None:
         """The rescaling this model was fine-tuned with: applied in training and at evaluation."""
@@ -334,10 +459,15 @@ class RoPE(Scheme):
         return torch.cat([rotate_half(x[..., :r], cos, sin), x[..., r:]], dim=-1)
 
     def logits(self, q, k, pos, ctx, layer):
-        """Self-Extend or ReRoPE (posbench/docs/extension.md): q, k (B, H, T, D) unrotated -> scores
-        (B, H, T, T), the neighbour map (plain RoPE) where i - j < W, the other map beyond."""
-        s = self.scaling
-        inv, _ = self.frequencies(position_count(pos, self.position_bound if s.fixed else None))
+        """Self-Extend, ReRoPE or DPE (posbench/docs/extension.md): q, k (B, H, T, D) unrotated ->
+        scores (B, H, T, T), the neighbour map (plain RoPE) where i - j < W, the other map beyond;
+        DoPE: q.k of q and k turned by `ctx`, the noisy heads' replaced (posbench.schemes.dope)."""
+        if self.scaling.kind == "dope":
+            q, k, _ = dope_qk(self.turn(q, *ctx), self.turn(k, *ctx), self.scaling.heads, self.scaling.rank, layer)
+            return q @ k.transpose(-1, -2) * self.qk_scale
+        length = position_count(pos, self.position_bound if self.scaling.fixed else None)
+        s = dpe_ready(self.scaling, self.rotary_dim // 2, length, self.dims.train_len)
+        inv, _ = self.frequencies(length)
         window = s.neighbour_window(self.dims.train_len)
         return two_map_scores(q, k, pos, pos, inv, s, window) * self.qk_scale
 
