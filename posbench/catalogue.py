@@ -97,6 +97,21 @@ behind each scheme, beside its measurements: [choices.md](choices.md).
 """
 
 
+def policy_rows() -> list[dict[str, str]]:
+    """Every eval-time RoPE policy (`--rope-scaling`, and longrope from `extend`): its formula,
+    reference and settings."""
+    from posbench.schemes.rotary import KINDS, POLICIES
+
+    return [{"policy": k, "formula": POLICIES[k][0], "reference": POLICIES[k][1], "settings": POLICIES[k][2] or "-"}
+            for k in KINDS]
+
+
+def policy_markdown(rows: list[dict[str, str]]) -> str:
+    out = ["| policy | formula | reference | settings |", "|---|---|---|---|"]
+    out += [f"| `{r['policy']}` | {_cell(r['formula'])} | {_cell(r['reference'])} | {_cell(r['settings'])} |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
 def markdown(rows: list[dict[str, str]]) -> str:
     """The catalogue page: a summary table, then one section per scheme with every column."""
     out = [MARKDOWN_HEAD, "| scheme | family | hooks | learned parameters | extrapolates | reference |",

@@ -49,6 +49,29 @@ def test_schemes_formats(capsys):
     assert "rope" in capsys.readouterr().out
 
 
+def test_schemes_lists_every_rope_policy(capsys):
+    """`posbench schemes --policies`: every policy --rope-scaling (and extend's longrope) takes, each
+    with a formula, a reference and settings that are extrapolate's own flags."""
+    import typer
+
+    from posbench.cli import app
+    from posbench.schemes.rotary import KINDS
+
+    assert main(["schemes", "--policies", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in rows] == list(KINDS)
+    assert {"freq-band", "dpe", "dope", "yarn", "self-extend"} <= set(KINDS)
+    assert all(r["formula"] and r["reference"] for r in rows)
+    flags = {o for p in typer.main.get_command(app).commands["extrapolate"].params for o in p.opts}
+    named = {w.strip(";,") for r in rows for w in r["settings"].split() if w.startswith("--")}
+    assert named and named <= flags, named - flags
+    assert main(["schemes", "--policies", "--format", "markdown"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "| policy | formula | reference | settings |" and len(out) == len(KINDS) + 2
+    assert main(["schemes", "--policies"]) == 0
+    assert "RoPE policies" in capsys.readouterr().out
+
+
 def test_train_end_to_end(corpus_dir, tmp_path, capsys):
     args = ["train", "--scheme", "alibi", "--data", f"files:{corpus_dir}", "--runs-dir", str(tmp_path), *TINY]
     assert main(args) == 0

@@ -29,19 +29,22 @@ def schemes(
     *,
     format: Annotated[Format, typer.Option(
         "--format", help="table, csv, json or markdown (the catalogue page, posbench/docs/schemes.md)")] = Format.table,
+    policies: Annotated[bool, typer.Option(
+        "--policies", help="the eval-time RoPE policies (--rope-scaling) instead: formula, reference, settings")] = False,
 ) -> pd.DataFrame:
-    """List every positional scheme: family, hooks, learned parameters, extrapolation, paper, formula."""
-    from posbench.catalogue import catalogue
+    """List every positional scheme: family, hooks, learned parameters, extrapolation, paper, formula
+    (--policies: every eval-time RoPE policy of --rope-scaling, with its formula and reference)."""
+    from posbench.catalogue import catalogue, policy_rows
 
-    return to_frame(catalogue(), format=Format(format))
+    return to_frame(policy_rows() if policies else catalogue(), format=Format(format))
 
 
 def show(result: pd.DataFrame) -> int:
-    from posbench.catalogue import markdown
+    from posbench.catalogue import markdown, policy_markdown
 
     rows, fmt = result.attrs["rows"], result.attrs["format"]
     if fmt == Format.markdown:
-        sys.stdout.write(markdown(rows))
+        sys.stdout.write(markdown(rows) if "family" in rows[0] else policy_markdown(rows))
     elif fmt == Format.json:
         print(json.dumps(rows, indent=1))
     elif fmt == Format.csv:
@@ -49,7 +52,7 @@ def show(result: pd.DataFrame) -> int:
         writer.writeheader()
         writer.writerows(rows)
     else:
-        table = Table(title="posbench schemes", show_lines=False)
+        table = Table(title="posbench schemes" if "family" in rows[0] else "RoPE policies", show_lines=False)
         for col in rows[0]:
             table.add_column(col, overflow="fold")
         for row in rows:

@@ -32,6 +32,40 @@ SCALINGS = ("none", "pi", "ntk", "dynamic-ntk", "yarn", "llama3", "freq-band", *
 UNSCALED = ("none", "freq-band", *LOGIT_POLICIES)  # s = 1: no interpolation factor
 # longrope needs searched per-pair factors (posbench.extending): a fine-tuning method, not a flag value.
 KINDS = (*SCALINGS, "longrope")
+
+# Every policy of KINDS: (formula, reference, settings), what `posbench schemes --policies` lists.
+# s = L_eval / L_train (at least 1) unless a factor is given; theta_t = base^(-2t/r) over the r
+# rotated dims; L = L_train.
+POLICIES = {
+    "none": ("RoPE as trained: pair t turned by m theta_t at every length", "Su et al. 2021, arXiv:2104.09864",
+             ""),
+    "pi": ("position interpolation: theta_t / s", "Chen et al. 2023, arXiv:2306.15595", "--scaling-factor"),
+    "ntk": ("NTK-aware: base times s^(r/(r-2))", "bloc97 2023, NTK-aware scaled RoPE (r/LocalLLaMA)",
+            "--scaling-factor"),
+    "dynamic-ntk": ("NTK-aware with the base grown by the window's own length: base (f L_eval / L - (f - 1))^(r/(r-2))",
+                    "emozilla 2023; transformers' `dynamic`", "--scaling-factor"),
+    "yarn": ("by parts: pairs with fewer than alpha rotations over L divided by s, more than beta kept, a linear "
+             "ramp between; logits times (0.1 ln s + 1)^2", "Peng et al. 2023, arXiv:2309.00071",
+             "--yarn-alpha, --yarn-beta, --scaling-factor"),
+    "llama3": ("by wavelength: above L / low divided by s, below L / high kept, a smooth blend between",
+               "Llama 3.1 (Dubey et al. 2024, arXiv:2407.21783)", "--llama3-low, --llama3-high"),
+    "freq-band": ("pairs whose wavelength 2 pi / theta_t exceeds cutoff x L unrotated (NoPE), the others as trained",
+                  "Oka et al., ICLR 2026, \"Frequency Bands in RoPE\" (posbench's stated rule)", "--freq-band-cutoff"),
+    "self-extend": ("plain RoPE where i - j < W; beyond, queries at floor(i/G) + W - W/G and keys at floor(j/G); "
+                    "one softmax over the merged logits", "Jin et al. 2024, arXiv:2401.01325 (LongLM)",
+                    "--self-extend-group, --self-extend-window"),
+    "rerope": ("relative positions min(i - j, w); leaky: w + (i - j - w)/k beyond w", "Su 2023 (bojone/rerope)",
+               "--rerope-window, --rerope-leak"),
+    "dpe": ("Self-Extend's two maps with a scale s_g per group g of rotary pairs, each group's scale detected as "
+            "the one of least loss at the evaluation length", "Lu et al. 2025, arXiv:2504.18857 (LuLuLuyi/DPE)",
+            "--dpe-groups, --dpe-window, --dpe-scales, --dpe-windows"),
+    "dope": ("per layer, the heads of least truncated matrix entropy of their keys after RoPE take isotropic "
+             "Gaussian q and k (their attention map a Gaussian's), the others unchanged",
+             "Xiong et al. 2025, arXiv:2511.09146 (posbench's stated defaults)", "--dope-heads, --dope-rank"),
+    "longrope": ("theta_t / lambda_t per pair, cos and sin times sqrt(1 + ln s / ln L); lambda searched by "
+                 "`posbench extend` or given (longrope_factors)", "Ding et al. 2024, arXiv:2402.13753",
+                 "--longrope-factors; extend's search"),
+}
 YARN_DEFAULTS = (1.0, 32.0)  # (alpha, beta)
 LLAMA3_DEFAULTS = (1.0, 4.0)  # (low, high): low_freq_factor, high_freq_factor of Llama 3.1
 DPE_GROUPS = 8  # DPE: the reference's eight equal groups of rotary pairs (config/dpe_config.yaml)
