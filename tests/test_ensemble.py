@@ -182,8 +182,14 @@ def test_ctrl_c_checkpoints_every_member_and_resume_completes(tiny_data, tmp_pat
         return entry
 
     monkeypatch.setattr(training, "_record", record)
-    with pytest.raises(Interrupted, match="checkpointed at step 3 of 6, .* checkpointed at step 3 of 6"):
-        training.train_ensemble(specs, tmp_path / "split", device="cpu", progress=False)
+    # Python's own Ctrl-C handler, whatever the shell that started pytest chose (a non-interactive
+    # shell's `cmd &` ignores SIGINT, and training leaves an ignored SIGINT ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(Interrupted, match="checkpointed at step 3 of 6, .* checkpointed at step 3 of 6"):
+            training.train_ensemble(specs, tmp_path / "split", device="cpu", progress=False)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     monkeypatch.undo()
     for spec in specs:  # each member checkpointed after the same step
         assert [e["step"] for e in read_log(tmp_path / "split" / spec.run_id)] == [1, 2, 3]

@@ -181,9 +181,11 @@ def test_ctrl_c_stops_every_worker_and_resume_completes(task_file, tmp_path):
     args = [sys.executable, "-m", "posbench", "run", str(long), "--out", str(out), "--device", "cpu",
             "--no-speed", "--workers", "2", "--resume"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    # a process group of its own, as a terminal's foreground job: Ctrl-C signals the group
+    # a process group of its own, as a terminal's foreground job: Ctrl-C signals the group, and
+    # reaches it whatever the shell that started pytest chose (a non-interactive `cmd &` ignores it)
     with open(tmp_path / "stdout", "w") as log:
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         began = time.monotonic()
         while not list(out.glob("*/checkpoint.safetensors")) and time.monotonic() - began < 300:
             time.sleep(0.2)
