@@ -18,7 +18,7 @@ from posbench.data import cached_tokens, is_probe
 from posbench.errors import PosbenchError, RunFailed, on_interrupt
 from posbench.device import resolve_device
 from posbench.runs import FINAL, RunSpec, load_trained
-from posbench.training import train, train_ensemble
+from posbench.training import train_ensemble
 
 
 def parse_shard(text: str | None, environ=os.environ) -> tuple[int, int]:
@@ -153,36 +153,7 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
     cache: dict = {}
     with Progress(disable=not progress) as bar:
         overall = bar.add_task(f"{task.name} {shard[0]}/{shard[1]}", total=2 * len(specs))
-        most = ensemble.size(task.ensemble, resolve_device(device).type, len(task.seeds))
-        pending = []
-        for spec in specs:
-            if finished(out, spec) or seeded(out, spec, task):
-                done["skipped_train"] += 1
-                bar.advance(overall)
-            else:
-                pending.append(spec)
-        for group in ensemble.groups(pending, most):  # one run each unless --ensemble stacks seeds
-            if len(group) == 1:
-                spec = group[0]
-                log(f"train {spec.run_id}")
-                try:
-                    train(spec, out, device=device, resume=resume, progress=False,
-                          data=cached_tokens(spec.data, cache))
-                    done["trained"] += 1
-                except RunFailed as e:  # recorded as failed in runs.csv; the other runs go on
-                    log(str(e))
-                    done["failed"].append(spec.run_id)
-            else:
-                log(f"train {', '.join(s.run_id for s in group)} (an ensemble of {len(group)} seeds)")
-                outcomes = train_ensemble(group, out, device=device, resume=resume, progress=False,
-                                          data=cached_tokens(group[0].data, cache))
-                for spec, outcome in zip(group, outcomes):
-                    if isinstance(outcome, RunFailed):  # recorded as failed; its fellow members trained on
-                        log(str(outcome))
-                        done["failed"].append(spec.run_id)
-                    else:
-                        done["trained"] += 1
-            bar.advance(overall, len(group))
+        train_grid(task, specs, out, device, resume, done, cache, log, lambda n: bar.advance(overall, n))
         specs = [s for s in specs if s.run_id not in done["failed"]]
         specs += run_extend(task, out, specs, device, resume, done, cache, log)
         for spec in specs:
@@ -214,6 +185,33 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
         done["speed"] = run_speed_once(task, out, device, log)
     write_provenance(task, out, shard, resolve_device(device).type)
     return done
+
+
+def train_grid(task: Task, specs: list[RunSpec], out: Path, device: str, resume: bool, done: dict, cache: dict,
+               log, advance) -> None:
+    """Train the runs of `specs` not finished (or seeded) in `out`: one at a time, or the seeds of
+    one configuration stacked when the task's `ensemble` allows; counts go to `done`, a run that
+    failed is recorded as failed and the others go on. `advance(n)`: n runs dealt with."""
+    most = ensemble.size(task.ensemble, resolve_device(device).type, len(task.seeds))
+    pending = []
+    for spec in specs:
+        if finished(out, spec) or seeded(out, spec, task):
+            done["skipped_train"] += 1
+            advance(1)
+        else:
+            pending.append(spec)
+    for group in ensemble.groups(pending, most):  # one run each unless --ensemble stacks seeds
+        stacked = f" (an ensemble of {len(group)} seeds)" if len(group) > 1 else ""
+        log(f"train {', '.join(s.run_id for s in group)}{stacked}")
+        outcomes = train_ensemble(group, out, device=device, resume=resume, progress=False,
+                                  data=cached_tokens(group[0].data, cache))
+        for spec, outcome in zip(group, outcomes):
+            if isinstance(outcome, RunFailed):  # recorded as failed in runs.csv; the other runs go on
+                log(str(outcome))
+                done["failed"].append(spec.run_id)
+            else:
+                done["trained"] += 1
+        advance(len(group))
 
 
 def run_extend(task: Task, out: Path, specs: list[RunSpec], device: str, resume: bool, done: dict, cache: dict,
