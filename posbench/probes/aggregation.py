@@ -14,8 +14,14 @@ probe family's one-token symbols, their words drawn from the 64 key and 64 value
 
 Every answer word is its own verdict, so per-answer accuracy is RULER's string_match_all (the
 share of reference words found). RULER scores the words in any order; a verdict here is teacher
-forced, so the answers come in one order the text defines: cwe's in the order each first occurs,
-fwe's from the most frequent down (sizes where two answers would tie are skipped).
+forced, so the answers come in one order a reader can compute from the words alone: cwe's in the
+symbols' own order (the key symbols, then the value symbols, as the vocabulary lists them), fwe's
+from the most frequent down (sizes where two answers would tie are skipped).
+
+cwe's revision 1 listed its answers in the order each first occurs in the text. A tiny model found
+the common words but not that order (results/probes/aggregation): the verdict read the position of
+each word's first occurrence as much as the counting RULER's any-order score asks for. Revision 2's
+order needs only the words.
 """
 
 from __future__ import annotations
@@ -53,13 +59,14 @@ class CommonWords(Probe):
     name = "cwe"
     summary = ("common words extraction: `common` (4) words repeated `repeats` (3) times each among rare "
                "words seen `rare_repeats` (1) times each, shuffled; 'what is here again ?' asks for the common "
-               "words in the order each first occurs, each its own verdict (RULER cwe: 10 common words, "
+               "words in the symbols' order, each its own verdict (RULER cwe: 10 common words, "
                "30 and 3 repeats; 6 and 1 below 4k tokens)")
     reference = ("Hsieh et al. 2024, RULER (NVIDIA/RULER, scripts/data/synthetic/"
                  "common_words_extraction.py)")
     options = {"common": 4, "repeats": 3, "rare_repeats": 1}
     grows = "rare words, at most 128 words in all, then haystack"
     sized = True
+    revision = 2  # 2: the answers in the symbols' order, not the order each first occurs
     question = ("what", "is", "here", "again", "?")
 
     def check(self) -> None:
@@ -82,7 +89,7 @@ class CommonWords(Probe):
         common, rare = words[: self.common], words[self.common:]
         text = common * self.repeats + rare * self.rare_repeats
         rng.shuffle(text)
-        answers = sorted(common, key=text.index)  # in the order each first occurs
+        answers = sorted(common, key=POOL.index)  # in the symbols' order: computable from the words alone
         return [Text(tuple(text)), Text(self.question), *listed((w,) for w in answers)]
 
 
