@@ -7,7 +7,7 @@ answer is one of the prompt's answers in another place (it found the word, not i
 
     python results/probes/aggregation/answers.py RUN_DIR [PROMPTS]
 
-Its output for the rope runs of README.md is answers.txt.
+Its output for the rope runs of README.md is answers.txt (the last block: cwe revision 2).
 """
 import sys
 from pathlib import Path
