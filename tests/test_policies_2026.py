@@ -145,7 +145,7 @@ def test_dpe_at_scale_one_is_rope_and_labels_name_given_settings():
 
 def test_dpe_detection_tries_one_group_at_a_time_and_keeps_the_least_loss():
     """A loss that is least at scales (4, 1, 2, 8): each group's trial keeps the others at
-    2 L / L_train = 8 (L = 64, L_train = 16) and the group finds its own."""
+    2 L / L_train = 8 (L = 64, L_train = 16) and the group finds its own; no trial is scored twice."""
     best, tried = (4.0, 1.0, 2.0, 8.0), []
 
     def loss(s: RopeScaling) -> float:
@@ -155,7 +155,8 @@ def test_dpe_detection_tries_one_group_at_a_time_and_keeps_the_least_loss():
     found = detect_dpe_scales(loss, RopeScaling("dpe", groups=4), 4, 64, 16)
     assert found.scales == best and found.detected and found.label == "dpe(groups=4)"
     assert tried[0] == (1.0, 8.0, 8.0, 8.0) and tried[-1] == (8.0, 8.0, 8.0, 32.0)
-    assert len(tried) == 4 * len(dpe_candidates(64, 2))  # W = 16 // 8 = 2: scales 1 .. 32
+    # W = 16 // 8 = 2: scales 1 .. 32; the trial with every group at the default 8 is scored once, not 4 times
+    assert len(tried) == 4 * len(dpe_candidates(64, 2)) - 3 and len(set(tried)) == len(tried)
     given = RopeScaling("dpe", scales=(2.0,))
     assert detect_dpe_scales(loss, given, 4, 64, 16) is given
 

@@ -307,13 +307,18 @@ def detect_dpe_scales(loss, scaling: RopeScaling, pairs: int, length: int, train
         return scaling
     g, default = min(scaling.groups, pairs), dpe_default(length, train_len)
     window = scaling.neighbour_window(train_len)
+    scored: dict[tuple[float, ...], float] = {}  # every group at the default is one trial, scored once
+
+    def trial(scales: tuple[float, ...]) -> float:
+        if scales not in scored:
+            value = loss(dataclasses.replace(scaling, scales=scales, detected=True))
+            scored[scales] = value if math.isfinite(value) else math.inf
+        return scored[scales]
+
     found = []
     for group in range(g):
-        def trial(s, group=group):
-            scales = tuple(s if i == group else default for i in range(g))
-            value = loss(dataclasses.replace(scaling, scales=scales, detected=True))
-            return value if math.isfinite(value) else math.inf
-        found.append(min(dpe_candidates(length, window), key=trial))
+        found.append(min(dpe_candidates(length, window),
+                         key=lambda s, group=group: trial(tuple(s if i == group else default for i in range(g)))))
     return dataclasses.replace(scaling, scales=tuple(found), detected=True)
 
 
