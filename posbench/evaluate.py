@@ -487,7 +487,8 @@ def loss_interval(loss: float, window_loss: list[float], block: int) -> dict:
 def window_rows(row: dict, starts: torch.Tensor, window_loss: torch.Tensor) -> list[dict]:
     keep = ("run_id", "task", "scheme", "params", "seed", "train_len", "eval_len", "mode", "stride",
             "scaling", "extension", "position_draws", "corpus", *extension_columns(None))
-    base = {k: row[k] for k in keep}
+    # `float` for an RFS run: without it its windows would read as a randomized run's (+randomized)
+    base = {k: row[k] for k in keep} | {"position_sampling": row.get("position_sampling", "")}
     return [base | {"window": i, "start": int(s), "loss": float(v)}
             for i, (s, v) in enumerate(zip(starts.tolist(), window_loss.tolist()))]
 

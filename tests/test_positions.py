@@ -211,3 +211,12 @@ def test_an_rfs_run_trains_and_is_evaluated_on_real_draws(corpus_dir, tmp_path):
     assert {r["position_sampling"] for r in rows} == {"float"} and all(r["status"] == "ok" for r in rows)
     assert {label(r) for r in rows} == {"rope+rfs"}
     assert [r["randomized"] for r in results.read_rows(tmp_path / "runs.csv")] == ["float"]
+    # windows.csv tells the RFS run from one on random integers, so `paired` can compare the two
+    assert main(["train", "--scheme", "rope", "--randomize-positions", "--data", f"files:{corpus_dir}",
+                 "--runs-dir", str(tmp_path), "--train-len", "16", "--steps", "3", "--batch-size", "4",
+                 "--d-model", "32", "--layers", "1", "--heads", "2", "--tokenizer", "bytes", "--device", "cpu"]) == 0
+    assert main(["extrapolate", "--runs-dir", str(tmp_path), "--lengths", "16,64", "--tokens", "64",
+                 "--device", "cpu", "--position-draws", "2"]) == 0
+    windows = results.read_rows(tmp_path / "windows.csv")
+    assert {label(r) for r in windows} == {"rope+rfs", "rope+randomized"}
+    assert main(["paired", "rope+rfs", "rope+randomized", "--runs-dir", str(tmp_path)]) == 0
