@@ -93,11 +93,11 @@ def solve(name: str, e) -> list[str]:
 
 
 def most_frequent(name: str, before: list[str], n: int) -> list[str]:
-    """The n most frequent words of the text before the question: cwe's in the order each first
-    occurs, fwe's the most frequent first."""
+    """The n most frequent words of the text before the question: cwe's in the symbols' order
+    (keys, then values, each by number), fwe's the most frequent first."""
     text = [s for s in before[: len(before) - len(question(before))] if s in KEYS + VALUES]
     top = [w for w, _ in Counter(text).most_common(n)]
-    return sorted(top, key=text.index) if name == "cwe" else top
+    return sorted(top, key=(KEYS + VALUES).index) if name == "cwe" else top
 
 
 def algorithmic(name: str, before: list[str]) -> list[str]:
