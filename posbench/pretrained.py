@@ -432,7 +432,7 @@ def extrapolate(spec: str, cfg: EvalConfig, data: str, out: Path, task: str, pro
                     reason = dpe_note(detect_dpe(m, m.set_scaling, scaling, m.rotary.dim // 2, m.train_len, length,
                                                  detection_windows(valid, length, cfg.dpe_windows)))
                 if key in scored:
-                    reason = f"same frequencies as {scored[key][-1]} at this length: scored once"
+                    reason = results.shared_note(scored[key][-1])
                 else:
                     bar.start(f"{scaling.label} {length}", len(windows(stream, length, cfg, cfg.lengths)[0]))
                     keys = key_tokens(cfg, m, m.train_len)
@@ -519,8 +519,7 @@ def judge_prompts(m: Pretrained, scalings: list[RopeScaling], prompts: dict[tupl
                             said = judged[key][0][cell][-1]
                             bar.step(f"{variant_label(cell[1])} {sum(said)}/{len(said)} right".strip())
                 shared = judged[key][1]
-                reason = detected or ("" if shared == scaling.label else
-                                      f"same frequencies as {shared} at this length: scored once")
+                reason = detected or ("" if shared == scaling.label else results.shared_note(shared))
                 for cell in cells:
                     c = counts(judged[key][0][cell])
                     group.append({**base_row, "eval_len": n, "ratio": n / m.train_len, "variant": variant_label(cell[1]),

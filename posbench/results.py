@@ -105,6 +105,12 @@ TABLES: dict[str, dict[str, list[str]]] = {
 # the others, without which its rows mean nothing (a merge of such a file would add junk rows).
 EXTENSION = {"parent_run", "extend_method", "extend_len", "extend_steps"}  # posbench.extension's columns
 SAMPLING = "position_sampling"  # `float` in the rows of an RFS run (posbench.positions)
+SHARED = "same frequencies as"  # the reason of a pretrained row scored once for two policies
+
+
+def shared_note(label: str) -> str:
+    """The `reason` of a row whose policy reads the frequencies of `label` at its length."""
+    return f"{SHARED} {label} at this length: scored once"
 ADDED_LATER: dict[str, set[str]] = {
     "runs": {"model_flops_per_second", "mfu", "mfu_peak", "compile", "ensemble", "stopped_at", "final_val_accuracy", "plugins",
              "scored_tokens", "padding_tokens", "weights_sha256", *EXTENSION, *MACHINE},

@@ -614,7 +614,7 @@ def pretrained_perplexity(directory: Path) -> str:
             if r is None:
                 line.append("")
                 continue
-            shared = " *" if r["reason"] else ""
+            shared = " *" if r["reason"].startswith(results.SHARED) else ""  # not DPE's note of its scales
             windows = int(r["tokens"]) // n
             ci = f" [{float(r['ppl_lo']):.2f}, {float(r['ppl_hi']):.2f}]" if r["ppl_lo"] not in ("", "nan") else ""
             line.append(f"{float(r['ppl']):.2f}{ci} ({windows} w){shared}")

@@ -219,3 +219,19 @@ def test_the_pretrained_table_reads_ruler_rows(tmp_path):
     results.merge_rows(tmp_path, "probes", [row])
     lines = tables.pretrained_ruler(tmp_path).splitlines()
     assert lines[-1].replace(" ", "") == "|cwe|yarn|4096|30/40|75%[60%,86%]|1/4|2%|"
+
+
+def test_the_perplexity_table_stars_shared_rows_only(tmp_path):
+    """`*` marks a row scored once for two policies (same frequencies), not a row whose reason is
+    another note, such as the scales DPE detected."""
+    from posbench import results, tables
+
+    base = {"run_id": "gguf:m@1", "eval_len": 16384, "mode": "nonoverlap", "extension": "none", "tokens": 16384,
+            "ppl_lo": "", "ppl_hi": "", "status": "ok"}
+    results.merge_rows(tmp_path, "extrapolation", [
+        {**base, "scaling": "ntk", "ppl": 6.7, "reason": ""},
+        {**base, "scaling": "dynamic-ntk", "ppl": 6.7, "reason": results.shared_note("ntk")},
+        {**base, "scaling": "dpe", "ppl": 6.45, "reason": "dpe scales 16-2-8-8-4-2-2-2 (detected on validation windows)"}])
+    cells = {line.split("|")[1].strip(): line.split("|")[2].strip()
+             for line in tables.pretrained_perplexity(tmp_path).splitlines()[2:]}
+    assert cells == {"ntk": "6.70 (1 w)", "dynamic-ntk": "6.70 (1 w) *", "dpe": "6.45 (1 w)"}
