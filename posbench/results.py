@@ -105,12 +105,6 @@ TABLES: dict[str, dict[str, list[str]]] = {
 # the others, without which its rows mean nothing (a merge of such a file would add junk rows).
 EXTENSION = {"parent_run", "extend_method", "extend_len", "extend_steps"}  # posbench.extension's columns
 SAMPLING = "position_sampling"  # `float` in the rows of an RFS run (posbench.positions)
-SHARED = "same frequencies as"  # the reason of a pretrained row scored once for two policies
-
-
-def shared_note(label: str) -> str:
-    """The `reason` of a row whose policy reads the frequencies of `label` at its length."""
-    return f"{SHARED} {label} at this length: scored once"
 ADDED_LATER: dict[str, set[str]] = {
     "runs": {"model_flops_per_second", "mfu", "mfu_peak", "compile", "ensemble", "stopped_at", "final_val_accuracy", "plugins",
              "scored_tokens", "padding_tokens", "weights_sha256", *EXTENSION, *MACHINE},
@@ -137,6 +131,15 @@ NUMBERS = {"final_train_loss", "final_val_loss", "unigram_val_loss", "train_seco
            "accuracy", "acc_lo", "acc_hi", "reference", "criterion", "median_ms", "iqr_ms", "tflops",
            "peak_mem_mb", "ratio_vs_none", "final_val_accuracy", "exact_match", "em_lo", "em_hi", "chance",
            "entropy", "entropy_norm", "distance", "sink_mass", "far_mass", "key_ppl", "key_share"}
+
+
+# The `reason` of a pretrained row scored once for two policies (`posbench table pretrained` stars it).
+SHARED = "same frequencies as"
+
+
+def shared_note(label: str) -> str:
+    """The `reason` of a row whose policy reads the frequencies of `label` at its length."""
+    return f"{SHARED} {label} at this length: scored once"
 
 
 def _check_cell(path: Path, line: int, column: str, value: str) -> None:
