@@ -74,6 +74,13 @@ class TrainConfig:
             raise PosbenchError("randomize_max must be at least train_len")
 
 
+# the flags of EvalConfig that set an eval-time RoPE policy: every command that reads
+# --rope-scaling takes them all
+POLICY_FLAGS = ("rope_scaling", "scaling_factor", "yarn_alpha", "yarn_beta", "llama3_low", "llama3_high",
+                "self_extend_group", "self_extend_window", "rerope_window", "rerope_leak", "freq_band_cutoff",
+                "dpe_groups", "dpe_window", "dpe_scales", "dpe_windows", "dope_heads", "dope_rank", "longrope_factors")
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     lengths: tuple[int, ...] = knob((64, 128, 256, 512, 1024), "evaluation lengths, e.g. 64,128,256",

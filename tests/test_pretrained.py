@@ -249,9 +249,11 @@ def test_the_commands_write_every_table(folder, tmp_path, capsys):
     printed = float(cells[1][4])  # A - B: the mean window loss difference
     assert printed == pytest.approx(yarn["64"] - none["64"], abs=1e-4)
     assert main(["probe", "--task", str(task), "--probe", "passkey", "--lengths", "400", "--trials", "2",
-                 "--rope-scaling", "none,yarn", "--out", str(out)]) == 0
+                 "--rope-scaling", "none,yarn,self-extend", "--self-extend-group", "2", "--self-extend-window", "8",
+                 "--out", str(out)]) == 0  # a policy's settings are flags of probe as of extrapolate
     probes = results.read_probes(out)
-    assert len(probes) == 2 * 5 and {p["run_id"] for p in probes} == {run}
+    assert len(probes) == 3 * 5 and {p["run_id"] for p in probes} == {run}
+    assert {p["scaling"] for p in probes} == {"none", "yarn", "self-extend(group=2,window=8)"}
     assert all(int(p["answers"]) == 2 * pretrained.DIGITS and 0 <= float(p["acc_lo"]) <= float(p["acc_hi"]) <= 1
                for p in probes)
     capsys.readouterr()

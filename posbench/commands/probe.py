@@ -20,8 +20,8 @@ SUMMARY = "synthetic retrieval and algorithmic probes, accuracy by length"
 PAGES = ('probes.md',)
 
 
-@takes(config.ProbesConfig, config.EvalConfig, only=("lengths", "trials", "seed", "ruler_essay", "rope_scaling",
-                                                     "position_draws", "longrope_factors"))
+@takes(config.ProbesConfig, config.EvalConfig, only=("lengths", "trials", "seed", "ruler_essay", "position_draws",
+                                                     *config.POLICY_FLAGS))
 def probe(
     probe: Annotated[Optional[str], typer.Option(help="probe names, comma-separated (see --list)")] = None,
     *,
@@ -53,7 +53,7 @@ def probe(
     t = config.load_task(task or ("pretrained" if model else None))
     check_names(chosen, bool(model or t.pretrained))
     cfg = settings(t.probes, given)
-    eval_cfg = settings(t.eval, {k: given.get(k) for k in ("rope_scaling", "position_draws", "longrope_factors")})
+    eval_cfg = settings(t.eval, {k: given.get(k) for k in ("position_draws", *config.POLICY_FLAGS)})
     out_dir = Path(out or runs_dir)
     if model or t.pretrained:
         from posbench import pretrained
