@@ -320,14 +320,19 @@ def seeds_table(records: list[dict], ratios: tuple[int, ...]) -> str:
     return markdown_table(head, body)
 
 
-def compact_table(records: list[dict]) -> str:
-    """probe x scheme: the means at the ratios, and the learned count where not every seed learned."""
+def compact_table(records: list[dict], schemes: list[str] | None = None) -> str:
+    """probe x scheme: the means at the ratios, and the learned count where not every seed learned.
+    Columns: `schemes` in their order, or PROBE_COLUMNS' schemes then every scheme of another
+    family (a variant of a column's scheme, e.g. rope+yarn, is read in the full table)."""
     cells: dict[str, dict[str, str]] = {}
     for r in records:
         cell = " / ".join("" if m is None else f"{100 * m:.0f}" for m in r["means"])
         learned = "" if r["learned"] == r["scored"] else f" ({r['learned']} of {r['scored']} learned)"
         cells.setdefault(r["probe"], {})[r["scheme"]] = cell + learned
-    columns = [c for c in PROBE_COLUMNS if any(c in row for row in cells.values())]
+    present = [r["scheme"] for r in records]
+    columns = schemes if schemes is not None else (
+        [c for c in PROBE_COLUMNS if c in present]
+        + [c for c in _scheme_order(present) if c.split("+")[0] not in PROBE_COLUMNS])
     body = [[probe, *(row.get(c, "") for c in columns)] for probe, row in cells.items()]
     return markdown_table(["probe", *columns], body)
 
@@ -457,12 +462,13 @@ def sweep_table(records: list[dict], ratios: tuple[int, ...]) -> str:
 
 
 def probes(dirs: list[Path], *, seeds: bool = False, compact: bool = False, task: str | None = None,
-           ratios="1,2,4,8", pairs=None, curves=None, every: int = 1000, sweep: bool = False) -> str:
+           ratios="1,2,4,8", pairs=None, curves=None, every: int = 1000, sweep: bool = False, schemes=None) -> str:
     """One folder: steps to the early stop, then accuracy per ratio. seeds: the table over seeds of
     one or more folders read as one; compact: probe x scheme, the means alone; pairs (A:B:PROBE,...):
     seed-paired differences; curves (PROBE,...): learning curves every `every` steps; task: the
     runs of that task's grid alone (seeds, pairs); sweep: the learning-rate sweep of `task`
-    (one or more folders), each rate's row and the rate each cell chooses."""
+    (one or more folders), each rate's row and the rate each cell chooses; schemes (seeds): these
+    scheme labels alone, in this order."""
     ratios = _ints(ratios, "ratios")
     if sweep:
         if task is None:
@@ -472,8 +478,21 @@ def probes(dirs: list[Path], *, seeds: bool = False, compact: bool = False, task
         return pairs_table(dirs, _words(pairs, "pairs"), ratios, task)
     if compact and not seeds:
         raise PosbenchError("compact is a form of the table over seeds: give seeds too")
+    if schemes is not None and not seeds:
+        raise PosbenchError("schemes chooses the columns of the table over seeds: give seeds too")
     if seeds:
         records = seeds_records(dirs, ratios, task)
+        if schemes is not None:
+            chosen = _words(schemes, "schemes")
+            have = {r["scheme"] for r in records}
+            missing = [s for s in chosen if s not in have]
+            if missing:
+                raise PosbenchError(f"no probe rows of {', '.join(missing)} (have: {', '.join(_scheme_order(have))})")
+            rank = {name: i for i, name in enumerate(chosen)}
+            probe_rank = {p: i for i, p in enumerate(dict.fromkeys(r["probe"] for r in records))}
+            records = sorted((r for r in records if r["scheme"] in rank),
+                             key=lambda r: (probe_rank[r["probe"]], rank[r["scheme"]]))
+            return compact_table(records, chosen) if compact else seeds_table(records, ratios)
         return compact_table(records) if compact else seeds_table(records, ratios)
     if len(dirs) > 1:
         raise PosbenchError("several directories are read together only with seeds or pairs")

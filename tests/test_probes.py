@@ -776,6 +776,18 @@ def test_probes_table_over_seeds_reads_folders_as_one(tmp_path):
     other = [{**cell(seed, 2, 10), "scheme": "none", "run_id": f"none-{seed}"} for seed in (0, 1, 2)]
     write(tmp_path / "c", [{**run(seed, 400), "scheme": "none", "run_id": f"none-{seed}"} for seed in (0, 1, 2)], other)
     folders = [tmp_path / d for d in "abc"]
+    ours = [{**cell(seed, 2, 50), "scheme": "accum-rope", "run_id": f"acc-{seed}"} for seed in (0, 1, 2)]
+    write(tmp_path / "d", [{**run(seed, 400), "scheme": "accum-rope", "run_id": f"acc-{seed}"} for seed in (0, 1, 2)],
+          ours)
+    every = folders + [tmp_path / "d"]  # a scheme outside the usual columns gets one after them
+    assert table("probes", every, seeds=True, compact=True, ratios="2").splitlines()[0] == \
+        "| probe | none | rope | accum-rope |"
+    chosen = table("probes", every, seeds=True, compact=True, ratios="2", schemes="accum-rope,none").splitlines()
+    assert chosen[0] == "| probe | accum-rope | none |" and chosen[2] == "| copy | 50 | 10 |"
+    with pytest.raises(PosbenchError, match="no probe rows of fire"):
+        table("probes", every, seeds=True, schemes="fire")
+    with pytest.raises(PosbenchError, match="give seeds too"):
+        table("probes", every, schemes="rope")
     row = table("probes", folders, pairs="rope:none:copy", ratios="2").splitlines()[-1]
     gap = stats.mean_interval([20, 10, 30])  # rope's 30, 20, 40 against none's 10 in each seed
     assert f"| rope | none | copy | 2x | 3 | +20 / +10 / +30 | +20 [{gap.lo:+.0f}, {gap.hi:+.0f}] | 3 of 3 |" in row

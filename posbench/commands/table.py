@@ -34,8 +34,8 @@ def table(
     schemes: Schemes = None,
 ) -> str:
     """Print a markdown table made from a results folder's CSVs: the tables of README.md and
-    results/*/README.md, each from the folder beside it (--schemes: the attention table's schemes,
-    in that order).
+    results/*/README.md, each from the folder beside it (--schemes: the schemes of the attention
+    table or of the probes table over seeds, in that order).
 
     Returns the markdown, without a final newline. Options a table does not take are refused in
     one line (posbench/docs/results.md lists each table's)."""
