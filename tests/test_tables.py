@@ -57,6 +57,8 @@ def assert_in_readme(rendered: str, readme: Path, nth: dict[int, int] | None = N
                                    "differs from what its CSVs give (regenerate it with `posbench table`)")
 
 
+PROBE_2026 = "rope,rope-pp,rope-pp(variant=ec),accum-rope,repo"
+
 # (README, table, folder, options): every README table these make, regenerated from its folder
 CASES = [
     ("README.md", "headline", ".", {}),
@@ -64,6 +66,9 @@ CASES = [
     ("probes/README.md", "probes", "probes", {}),
     ("probes/seeds/README.md", "probes", "probes/seeds", {"seeds": True, "task": "probe-seeds"}),
     ("probes/seeds/README.md", "probes", "probes/seeds", {"task": "probe-seeds", "ratios": "2,4,8", "pairs": SEED_PAIRS}),
+    ("probe-2026/README.md", "probes", "probe-2026",
+     {"seeds": True, "compact": True, "task": "probe-2026", "ratios": "2,4,8", "schemes": PROBE_2026}),
+    ("probe-2026/README.md", "probes", "probe-2026", {"seeds": True, "task": "probe-2026", "schemes": PROBE_2026}),
     ("extend-passkey/README.md", "extend", "extend-passkey", {}),
     ("pretrained/README.md", "pretrained", "pretrained", {}),
     ("attention/README.md", "attention", "attention",
