@@ -408,44 +408,60 @@ def curves_table(out: Path, probes: list[str], every: int) -> str:
 
 
 def sweep_records(dirs: list[Path], task_name: str, ratios: tuple[int, ...]) -> list[dict]:
-    """One record per cell and learning rate of `task_name`'s sweep ([probes] lrs): seeds scored
-    and learned, the mean held-out accuracy at the training length (runs.csv's final_val_accuracy,
-    the validation examples the early stop reads), the mean over seeds at each ratio, and whether
-    the rate is the cell's choice: the highest held-out accuracy at the training length, a tie
-    going to the cell's own [train] rate, then to the lower rate. The lengths that are read never
-    enter the choice."""
+    """One record per cell and learning rate of `task_name`'s sweep ([probes] lrs): seeds trained
+    (`seeds`; a run that failed, its loss NaN at a high rate, counts with held-out accuracy 0),
+    seeds learned, the mean held-out accuracy at the training length (runs.csv's
+    final_val_accuracy, the validation examples the early stop reads), the mean over seeds at
+    each ratio, and whether the rate is the cell's choice: the highest held-out accuracy at the
+    training length over the task's seeds, a tie going to the cell's own [train] rate, then to the
+    lower rate. A cell chooses only once every rate has every seed (`complete`); the lengths that
+    are read never enter the choice."""
     from posbench import config, grid
+    from posbench.probes.base import probe_name
 
     task = config.load_task(task_name)
     if not task.probes.lrs:
         raise PosbenchError(f"task {task.name} sweeps no learning rates ([probes] lrs)")
-    rate = {spec.run_id: spec.train.lr for spec in grid.grid(task)}
+    specs = {spec.run_id: spec for spec in grid.grid(task)}
     df = scored_frame(dirs, task_name)
-    df["lr"] = df["run_id"].map(rate)
+    df["lr"] = df["run_id"].map(lambda i: specs[i].train.lr)
     held_out: dict[str, float] = {}
+    failed: dict[tuple[str, str], dict[float, set[int]]] = defaultdict(lambda: defaultdict(set))
     for out in dirs:
         for r in results.read_rows(results.table_path(out, "runs")):
-            if r["status"] == "ok" and r["run_id"] in rate and r["final_val_accuracy"] not in ("", None):
-                held_out.setdefault(r["run_id"], float(r["final_val_accuracy"]))
+            spec = specs.get(r["run_id"])
+            if spec is None or r["run_id"] in held_out:
+                continue
+            if r["status"] == "ok" and r["final_val_accuracy"] not in ("", None):
+                held_out[r["run_id"]] = float(r["final_val_accuracy"])
+            elif r["status"] == "failed":
+                held_out[r["run_id"]] = 0.0
+                failed[(probe_name(spec.data.spec), label(r))][spec.train.lr].add(spec.seed)
+    wanted = set(task.seeds)
     records = []
     for probe in _probes_in(df["probe"]):
         own = task.train_for(probe).lr
         for name in _scheme_order(df[df["probe"] == probe]["label"]):
             cell = df[(df["probe"] == probe) & (df["label"] == name)]
             rows = []
-            for lr in sorted(set(cell["lr"])):
+            for lr in sorted(task.probes.lrs):
                 sub = cell[cell["lr"] == lr]
                 first = sub[sub["ratio"] == 1]
-                accuracy = [held_out[i] for i in sorted(set(sub["run_id"])) if i in held_out]
-                rows.append({"probe": probe, "scheme": name, "lr": lr, "seeds": sub["seed"].nunique(),
+                lost = failed[(probe, name)][lr]
+                seeds = set(sub["seed"]) | lost
+                ids = {i for i in sub["run_id"] if i in held_out}
+                accuracy = [held_out[i] for i in sorted(ids)] + [0.0] * len(lost)
+                rows.append({"probe": probe, "scheme": name, "lr": lr, "seeds": len(seeds), "failed": len(lost),
                              "learned": first[first["status"] != "not learned"]["seed"].nunique(),
                              "held_out": sum(accuracy) / len(accuracy) if accuracy else None,
                              "means": [seed_accuracy(sub[sub["ratio"] == r])["accuracy"].mean() for r in ratios],
-                             "chosen": False})
-            scored = [r for r in rows if r["held_out"] is not None]
-            if scored:
-                best = max(scored, key=lambda r: (round(r["held_out"], 6), r["lr"] == own, -r["lr"]))
+                             "chosen": False, "complete": wanted <= seeds})
+            if all(r["complete"] for r in rows):
+                best = max(rows, key=lambda r: (round(r["held_out"], 6), r["lr"] == own, -r["lr"]))
                 best["chosen"] = True
+            else:
+                for r in rows:
+                    r["complete"] = False
             records += rows
     return records
 
@@ -456,8 +472,14 @@ def sweep_table(records: list[dict], ratios: tuple[int, ...]) -> str:
     def pct(v) -> str:
         return "" if v is None or v != v else f"{100 * v:.0f}"
 
-    body = [[r["probe"], r["scheme"], f"{r['lr']:g}", str(r["seeds"]), f"{r['learned']} of {r['seeds']}",
-             pct(r["held_out"]), *map(pct, r["means"]), "chosen" if r["chosen"] else ""] for r in records]
+    def learned(r) -> str:
+        return f"{r['learned']} of {r['seeds']}" + (f" ({r['failed']} failed)" if r["failed"] else "")
+
+    def choice(r) -> str:
+        return "chosen" if r["chosen"] else "" if r["complete"] else "waits for seeds"
+
+    body = [[r["probe"], r["scheme"], f"{r['lr']:g}", str(r["seeds"]), learned(r), pct(r["held_out"]),
+             *map(pct, r["means"]), choice(r)] for r in records]
     return markdown_table(head, body)
 
 

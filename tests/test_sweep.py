@@ -100,6 +100,30 @@ def test_the_sweep_chooses_by_held_out_accuracy_at_the_training_length(tmp_path)
     assert chosen == [2e-3]
 
 
+def test_a_cell_chooses_once_every_rate_has_every_seed_and_a_failed_run_scores_zero(tmp_path):
+    swept = task(tmp_path, 'lrs = [1e-3, 2e-3, 1e-2]\ncells = ["passkey:none"]\n', "swept")
+    held = {(1e-3, 0): 0.60, (1e-3, 1): 0.62, (2e-3, 0): 0.90, (2e-3, 1): 0.91, (1e-2, 0): 0.99, (1e-2, 1): 0.99}
+    specs = grid(swept)
+    runs, probes = rows_for(specs, held, {k: (9, 5) for k in held})
+    out = tmp_path / "out"
+    diverged = next(s.run_id for s in specs if (s.train.lr, s.seed) == (1e-2, 1))
+    later = next(s.run_id for s in specs if (s.train.lr, s.seed) == (1e-3, 1))
+    results.merge_rows(out, "runs", [r for r in runs if r["run_id"] != later])  # 1e-3's seed 1 not yet run
+    results.merge_rows(out, "probes", [p for p in probes if p["run_id"] not in (diverged, later)])
+    results.merge_rows(out, "runs", [{**next(r for r in runs if r["run_id"] == diverged), "status": "failed",
+                                      "final_val_accuracy": ""}])
+    records = tables.sweep_records([out], str(tmp_path / "swept.toml"), (1, 2))
+    assert [(r["lr"], r["seeds"], r["failed"], r["complete"], r["chosen"]) for r in records] == [
+        (1e-3, 1, 0, False, False), (2e-3, 2, 0, False, False), (1e-2, 2, 1, False, False)]
+    assert records[2]["held_out"] == pytest.approx(0.495)  # 0.99 and the failed seed's 0
+    table = tables.sweep_table(records, (1, 2))
+    assert "| 0.01 | 2 | 1 of 2 (1 failed) | 50 |" in table and table.count("waits for seeds") == 3
+    results.merge_rows(out, "runs", [r for r in runs if r["run_id"] == later])
+    results.merge_rows(out, "probes", [p for p in probes if p["run_id"] == later])
+    records = tables.sweep_records([out], str(tmp_path / "swept.toml"), (1, 2))
+    assert [r["lr"] for r in records if r["chosen"]] == [2e-3]  # 1e-2 lost a seed to NaN: 0.495 < 0.905
+
+
 def test_sweep_table_from_the_cli(tmp_path, capsys):
     swept = task(tmp_path, 'lrs = [1e-3, 2e-3]\ncells = ["passkey:rope"]\n', "swept")
     held = {(lr, s): 0.5 + lr * 100 for lr in (1e-3, 2e-3) for s in (0, 1)}
