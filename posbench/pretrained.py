@@ -52,7 +52,7 @@ from posbench.evaluate import (ATTN_BYTES, correlated_windows, detect_dpe, detec
 from posbench.extension import columns as extension_columns
 from posbench.progress import Bar
 from posbench.probes import parse_probe
-from posbench.probing import counts, gate, verdict_columns
+from posbench.probing import NOT_LEARNED, counts, gate, verdict_columns
 from posbench.schemes.dope import dope_qk
 from posbench.schemes.rotary import (TWO_MAPS, RopeScaling, dpe_ready, far_keys, far_queries, rope_frequencies, turn_at,
                                      two_map_scores)
@@ -493,13 +493,15 @@ def model_row(m: Pretrained, cfg: ProbesConfig, task: str, probe: str, spec: str
 
 def judge_prompts(m: Pretrained, scalings: list[RopeScaling], prompts: dict[tuple, list], verdicts, base_row: dict,
                   eval_cfg: EvalConfig, out: Path, progress: bool, variant_label=str, cell_columns=None,
-                  tokens_of=None) -> list[dict]:
+                  tokens_of=None, resume: bool = False) -> list[dict]:
     """probes.csv rows of a pretrained model: every policy x (length, variant) of `prompts`, each
     prompt judged by `verdicts` (a list of right or wrong answers). A forward with the frequencies
-    of one already read at that length is not run again; rows of a policy are merged into
-    out/probes.csv as it finishes. DPE detects its scales at each length on the tokens
-    (`tokens_of` an item) of the length's first prompt."""
+    of one already read at that length is not run again; a policy's rows are merged into
+    out/probes.csv after each length. DPE detects its scales at each length on the tokens
+    (`tokens_of` an item) of the length's first prompt. `resume`: a length whose rows out/probes.csv
+    holds already (same model, probe, prompts and policy) is kept, not read again."""
     rows, judged = [], {}
+    kept = kept_rows(out, base_row) if resume else {}
     lengths = list(dict.fromkeys(n for n, _ in prompts))
     with Bar(progress, "prompt") as bar:
         for scaling in scalings:
@@ -507,6 +509,10 @@ def judge_prompts(m: Pretrained, scalings: list[RopeScaling], prompts: dict[tupl
             group = []
             for n in lengths:
                 cells = [key for key in prompts if key[0] == n]
+                old = [kept.get((scaling.label, n, variant_label(c[1]), len(prompts[c]))) for c in cells]
+                if all(old):
+                    group += old
+                    continue
                 key = distinct(m, scaling, n)
                 detected = dpe_on_prompt(m, scaling, tokens_of(prompts[cells[0]][0])) if scaling.kind == "dpe" else ""
                 if key not in judged:
@@ -526,9 +532,21 @@ def judge_prompts(m: Pretrained, scalings: list[RopeScaling], prompts: dict[tupl
                                   "trials": len(prompts[cell]), "scaling": scaling.label, "extension": "none",
                                   "backend": m.backend, **c, **verdict_columns(c), "status": "ok", "reason": reason,
                                   **(cell_columns(cell) if cell_columns else {})})
+                results.merge_rows(out, "probes", gate(group, eval_cfg.learned_threshold))
             rows += gate(group, eval_cfg.learned_threshold)
-            results.merge_rows(out, "probes", rows[-len(group):])
     return rows
+
+
+def kept_rows(out: Path, base_row: dict) -> dict[tuple, dict]:
+    """out/probes.csv's rows of this model, probe, prompt spec and seed, by (policy, length,
+    variant, prompts): the cells `--resume` does not read again. Counts come back as numbers."""
+    same = ("run_id", "probe", "spec", "seed")
+    kept = {}
+    for r in results.read_rows(results.table_path(out, "probes")):
+        if all(r[k] == str(base_row[k]) for k in same) and r["status"] in ("ok", NOT_LEARNED):
+            row = {**r, **{k: int(r[k]) for k in ("eval_len", "train_len", "answers", "hits", "trials")}}
+            kept[(r["scaling"], row["eval_len"], r["variant"], row["trials"])] = row
+    return kept
 
 
 def dpe_on_prompt(m: Pretrained, scaling: RopeScaling, tokens: list[int]) -> str:
@@ -540,9 +558,9 @@ def dpe_on_prompt(m: Pretrained, scaling: RopeScaling, tokens: list[int]) -> str
 
 
 def passkey(spec: str, cfg: ProbesConfig, eval_cfg: EvalConfig, lengths: tuple[int, ...], out: Path, task: str,
-            progress: bool = False, base: Path | None = None) -> list[dict]:
+            progress: bool = False, base: Path | None = None, resume: bool = False) -> list[dict]:
     """probes.csv rows of the passkey test on a pretrained model: every policy x length x depth,
-    `cfg.trials` prompts each, the same prompts for every policy."""
+    `cfg.trials` prompts each, the same prompts for every policy (`resume`: judge_prompts)."""
     m = load(spec, base)
     probe = parse_probe("passkey")
     scalings = policies(m, eval_cfg)
@@ -555,7 +573,7 @@ def passkey(spec: str, cfg: ProbesConfig, eval_cfg: EvalConfig, lengths: tuple[i
             prompts[(n, depth)] = [(passkey_prompt(m.tokenizer, n, depth, k), k) for k in keys]
     base_row = {**model_row(m, cfg, task, "passkey", "passkey:natural-language", ""), "chance": 0.1}
     return judge_prompts(m, scalings, prompts, lambda item: passkey_verdicts(m, *item), base_row, eval_cfg, out,
-                         progress, probe.variant_label, tokens_of=lambda item: item[0])
+                         progress, probe.variant_label, tokens_of=lambda item: item[0], resume=resume)
 
 
 def encode(tok, text: str) -> list[int]:
@@ -571,10 +589,10 @@ def ruler_verdicts(m: Pretrained, task: ruler.Task, p: ruler.Prompt) -> list[boo
 
 
 def ruler_probe(name: str, spec: str, cfg: ProbesConfig, eval_cfg: EvalConfig, lengths: tuple[int, ...], out: Path,
-                task: str, progress: bool = False, base: Path | None = None) -> list[dict]:
+                task: str, progress: bool = False, base: Path | None = None, resume: bool = False) -> list[dict]:
     """probes.csv rows of RULER's task `name` (ruler:TASK) on a pretrained model: every policy x
     length, `cfg.trials` prompts each (RULER's generator in posbench.ruler, fitted to the model's
-    tokenizer), the same prompts for every policy."""
+    tokenizer), the same prompts for every policy (`resume`: judge_prompts)."""
     t = ruler.task_of(name)
     essay = ruler.load_essay(cfg.ruler_essay)
     m = load(spec, base)
@@ -586,4 +604,5 @@ def ruler_probe(name: str, spec: str, cfg: ProbesConfig, eval_cfg: EvalConfig, l
     base_row = model_row(m, cfg, task, name, f"{name}:essay={cfg.ruler_essay}", f"+essay-{essay.fingerprint}")
     chance = {cell: sum(map(ruler.chance, ps)) / len(ps) for cell, ps in prompts.items()}
     return judge_prompts(m, scalings, prompts, lambda p: ruler_verdicts(m, t, p), base_row, eval_cfg, out, progress,
-                         lambda _: "", lambda cell: {"chance": chance[cell]}, lambda p: encode(m.tokenizer, p.text))
+                         lambda _: "", lambda cell: {"chance": chance[cell]}, lambda p: encode(m.tokenizer, p.text),
+                         resume)

@@ -103,12 +103,13 @@ def verdict_columns(c: dict[str, int]) -> dict[str, float]:
 
 def gate(rows: list[dict], threshold: float) -> list[dict]:
     """`not learned` on every row of an eval-time variant whose pooled in-length accuracy (at
-    train_len) is below `threshold`."""
+    train_len) is below `threshold` (its in-length rows may say so already: gating twice, or rows
+    kept from an earlier call beside new ones, gives the same verdict)."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["scaling"], r["extension"]), []).append(r)
     for group in groups.values():
-        home = [r for r in group if r["eval_len"] == r["train_len"] and r["status"] == "ok"]
+        home = [r for r in group if r["eval_len"] == r["train_len"] and r["status"] in ("ok", NOT_LEARNED)]
         answers = sum(r["answers"] for r in home)
         if home and sum(r["hits"] for r in home) / answers < threshold:
             for r in group:

@@ -288,6 +288,41 @@ def test_ruler_tasks_write_rows_with_prompt_counts_and_intervals(folder, tmp_pat
     assert len(err) == 1 and err[0].startswith("error: length 600 is too short for ruler:niah_single_2"), err
 
 
+def test_an_interrupted_probe_resumes_at_the_length_it_lost(folder, tmp_path, monkeypatch, capsys):
+    """A pretrained model's probe writes each length's rows as it finishes; --resume reads only
+    the cells --out lacks (a policy added later, a length lost to an interruption) and keeps the
+    rest as they are. Without --model it is refused in one line."""
+    out = tmp_path / "out"
+    real, calls = pretrained.ruler_verdicts, []
+
+    def counted(m, task, p):
+        calls.append(len(p.text))
+        if fail_at and len(calls) == fail_at:
+            raise KeyboardInterrupt
+        return real(m, task, p)
+
+    monkeypatch.setattr(pretrained, "ruler_verdicts", counted)
+    command = ["probe", "--model", f"hf:{folder}", "--probe", "ruler:niah_single_1", "--lengths", "1024,1200",
+               "--trials", "2", "--out", str(out)]
+    fail_at = 3  # the first of 1200's prompts: 1024's rows are written, 1200's are not
+    assert main(command + ["--rope-scaling", "none"]) == 130  # Ctrl-C: one line, what was written kept
+    assert [r["eval_len"] for r in results.read_probes(out)] == ["1024"]
+    before = results.read_probes(out)[0]
+    fail_at, calls[:] = 0, []
+    assert main(command + ["--rope-scaling", "none,yarn", "--resume"]) == 0
+    assert len(calls) == 2 + 2 * 2  # none at 1200, yarn at both lengths (its 1024 is none's: read once)
+    rows = {(r["scaling"], r["eval_len"]): r for r in results.read_probes(out)}
+    assert sorted(rows) == [("none", "1024"), ("none", "1200"), ("yarn", "1024"), ("yarn", "1200")]
+    assert rows[("none", "1024")] == before  # kept, not read again
+    calls[:] = []
+    assert main(command + ["--rope-scaling", "none,yarn", "--resume"]) == 0 and calls == []
+    assert main(command + ["--rope-scaling", "none", "--trials", "3", "--resume"]) == 0
+    assert len(calls) == 3 * 2  # three prompts a cell are other cells than two: read again
+    capsys.readouterr()
+    assert main(["probe", "--runs-dir", str(tmp_path), "--probe", "mqar", "--resume"]) == 2
+    assert "--resume keeps the rows of a pretrained model's prompts" in capsys.readouterr().err
+
+
 def test_the_passkey_prompt_is_exactly_its_length():
     """The instruction, the key sentence at its depth of the filler and the question, in the
     model's tokens (a tokenizer of words here)."""

@@ -11,7 +11,7 @@ from posbench import config, plugins, results
 from posbench.commands import console, failed, plain
 from posbench.commands import frame as to_frame
 from posbench.commands.extrapolate import note_scalings
-from posbench.commands.options import Device, Model, Out, RunsDir, Schemes, Task, load_plugins, names, \
+from posbench.commands.options import Device, Model, Out, Resume, RunsDir, Schemes, Task, load_plugins, names, \
     scheme_names, settings, takes, task_folder
 from posbench.errors import PosbenchError
 
@@ -34,6 +34,7 @@ def probe(
     out: Out = None,
     plugins: Sequence[str] = (),
     progress: bool = False,
+    resume: Resume = False,
     **given,
 ) -> pd.DataFrame:
     """Synthetic probes: per-answer accuracy and exact match by prompt length of every run trained
@@ -62,10 +63,13 @@ def probe(
         for name in chosen:
             if name == "passkey":
                 rows += pretrained.passkey(model or t.pretrained, cfg, eval_cfg, cfg.lengths or t.eval.lengths,
-                                           out_dir, t.name, progress, task_folder(task))
+                                           out_dir, t.name, progress, task_folder(task), resume)
             else:
                 rows += pretrained.ruler_probe(name, model or t.pretrained, cfg, eval_cfg, cfg.lengths or t.eval.lengths,
-                                               out_dir, t.name, progress, task_folder(task))
+                                               out_dir, t.name, progress, task_folder(task), resume)
+    elif resume:
+        raise PosbenchError("--resume keeps the rows of a pretrained model's prompts (--model); a trained run's "
+                            "probes are scored again in seconds")
     else:
         rows = probing.evaluate(Path(runs_dir), cfg, eval_cfg, tuple(probe_name(n) for n in chosen),
                                 scheme_names(schemes), out_dir, device, progress=progress)
