@@ -509,25 +509,27 @@ def judge_prompts(m: Pretrained, scalings: list[RopeScaling], prompts: dict[tupl
             group = []
             for n in lengths:
                 cells = [key for key in prompts if key[0] == n]
+                key = distinct(m, scaling, n)
                 old = [kept.get((scaling.label, n, variant_label(c[1]), len(prompts[c]))) for c in cells]
-                if all(old):
+                if all(old):  # --resume: a policy that shares these frequencies later reads these counts
+                    judged.setdefault(key, ({c: {k: r[k] for k in ("answers", "hits", "trials", "exact")}
+                                             for c, r in zip(cells, old)}, scaling.label))
                     group += old
                     continue
-                key = distinct(m, scaling, n)
                 detected = dpe_on_prompt(m, scaling, tokens_of(prompts[cells[0]][0])) if scaling.kind == "dpe" else ""
                 if key not in judged:
                     bar.start(f"{base_row['probe']} {scaling.label} {n}", sum(len(prompts[c]) for c in cells))
                     judged[key] = ({}, scaling.label)
                     for cell in cells:
-                        judged[key][0][cell] = []
+                        said = []
                         for item in prompts[cell]:
-                            judged[key][0][cell].append(verdicts(item))
-                            said = judged[key][0][cell][-1]
-                            bar.step(f"{variant_label(cell[1])} {sum(said)}/{len(said)} right".strip())
+                            said.append(verdicts(item))
+                            bar.step(f"{variant_label(cell[1])} {sum(said[-1])}/{len(said[-1])} right".strip())
+                        judged[key][0][cell] = counts(said)
                 shared = judged[key][1]
                 reason = detected or ("" if shared == scaling.label else results.shared_note(shared))
                 for cell in cells:
-                    c = counts(judged[key][0][cell])
+                    c = judged[key][0][cell]
                     group.append({**base_row, "eval_len": n, "ratio": n / m.train_len, "variant": variant_label(cell[1]),
                                   "trials": len(prompts[cell]), "scaling": scaling.label, "extension": "none",
                                   "backend": m.backend, **c, **verdict_columns(c), "status": "ok", "reason": reason,
@@ -544,7 +546,7 @@ def kept_rows(out: Path, base_row: dict) -> dict[tuple, dict]:
     kept = {}
     for r in results.read_rows(results.table_path(out, "probes")):
         if all(r[k] == str(base_row[k]) for k in same) and r["status"] in ("ok", NOT_LEARNED):
-            row = {**r, **{k: int(r[k]) for k in ("eval_len", "train_len", "answers", "hits", "trials")}}
+            row = {**r, **{k: int(r[k]) for k in ("eval_len", "train_len", "answers", "hits", "trials", "exact")}}
             kept[(r["scaling"], row["eval_len"], r["variant"], row["trials"])] = row
     return kept
 

@@ -310,12 +310,18 @@ def test_an_interrupted_probe_resumes_at_the_length_it_lost(folder, tmp_path, mo
     before = results.read_probes(out)[0]
     fail_at, calls[:] = 0, []
     assert main(command + ["--rope-scaling", "none,yarn", "--resume"]) == 0
-    assert len(calls) == 2 + 2 * 2  # none at 1200, yarn at both lengths (its 1024 is none's: read once)
+    assert len(calls) == 2 + 2 * 2  # none at 1200, then yarn at both lengths
     rows = {(r["scaling"], r["eval_len"]): r for r in results.read_probes(out)}
     assert sorted(rows) == [("none", "1024"), ("none", "1200"), ("yarn", "1024"), ("yarn", "1200")]
     assert rows[("none", "1024")] == before  # kept, not read again
     calls[:] = []
     assert main(command + ["--rope-scaling", "none,yarn", "--resume"]) == 0 and calls == []
+    shared = tmp_path / "shared"  # at s = 1 pi has none's frequencies: it takes none's kept counts
+    assert main(command[:-1] + [str(shared), "--rope-scaling", "none"]) == 0
+    calls[:] = []
+    assert main(command[:-1] + [str(shared), "--rope-scaling", "none,pi", "--scaling-factor", "1", "--resume"]) == 0
+    pi = {r["eval_len"]: r for r in results.read_probes(shared) if r["scaling"] == "pi:1"}  # its factor named
+    assert calls == [] and sorted(pi) == ["1024", "1200"] and "same frequencies as none" in pi["1200"]["reason"]
     assert main(command + ["--rope-scaling", "none", "--trials", "3", "--resume"]) == 0
     assert len(calls) == 3 * 2  # three prompts a cell are other cells than two: read again
     capsys.readouterr()
