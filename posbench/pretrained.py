@@ -167,7 +167,7 @@ def two_map_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     key, value = key.repeat_interleave(groups, 1).float(), value.repeat_interleave(groups, 1).float()  # (B, H, Tk, D)
     qpos = rotary.positions.to(query.device)
     kpos = torch.arange(key.shape[2], device=query.device)
-    inv = rotary.inv
+    inv = rotary.inv.to(query.device)
     policy = dpe_ready(rotary.scaling, len(inv), rotary.length, rotary.train_len)  # DPE's scales set
     window = policy.neighbour_window(rotary.train_len)
     fused = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None) if query.device.type == "cpu" else None
@@ -284,16 +284,21 @@ class Pretrained:
         attention = 4 * keys + ATTN_BYTES if kind in TWO_MAPS else 6 * keys if kind == "dope" else 2 * keys
         return weights, per_token * length + attention + 3 * 4 * LOGIT_CHUNK * c.vocab_size
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
     @torch.inference_mode()
     def token_losses(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (1, L + 1) -> (L,) loss of each next token, the vocabulary logits LOGIT_CHUNK positions
-        at a time."""
+        """tokens (1, L + 1) -> (L,) loss of each next token (on the CPU), the vocabulary logits
+        LOGIT_CHUNK positions at a time on the model's device."""
+        tokens = tokens.to(self.device)
         self.rotary.length = tokens.shape[1] - 1
         hidden = self.model.model(input_ids=tokens[:, :-1], use_cache=False).last_hidden_state[0]  # (L, d)
         targets = tokens[0, 1:]
         return torch.cat([F.cross_entropy(self.model.lm_head(hidden[i: i + LOGIT_CHUNK]).float(),
                                           targets[i: i + LOGIT_CHUNK], reduction="none")
-                          for i in range(0, hidden.shape[0], LOGIT_CHUNK)])
+                          for i in range(0, hidden.shape[0], LOGIT_CHUNK)]).cpu()
 
     def losses(self, tokens: torch.Tensor) -> torch.Tensor:
         """As posbench.evaluate.Scorer: windows (B, L + 1) -> (B, L), one window per forward."""
@@ -307,13 +312,13 @@ class Pretrained:
         """`steps` tokens decoded greedily after `prompt` (`to_end`: fewer where the model writes its
         end token), the window's frequencies those of the prompt."""
         self.rotary.length = len(prompt)
-        made = self.model.generate(torch.tensor([prompt]), max_new_tokens=steps, min_new_tokens=0 if to_end else steps,
+        made = self.model.generate(torch.tensor([prompt], device=self.device), max_new_tokens=steps, min_new_tokens=0 if to_end else steps,
                                    do_sample=False, pad_token_id=self.tokenizer.eos_token_id)
         return made[0, len(prompt):].tolist()
 
 
-def load(spec: str, base: Path | None = None) -> Pretrained:
-    """The model of `spec` on the CPU in float32, its rotary embedding swapped for posbench's."""
+def load(spec: str, base: Path | None = None, device: torch.device | str = "cpu") -> Pretrained:
+    """The model of `spec` on `device` in float32, its rotary embedding swapped for posbench's."""
     kind, path = parse(spec, base)
     require_extra(kind)
     os.environ["HF_HUB_OFFLINE"] = "1"  # read at import: never a request to the hub
@@ -335,7 +340,7 @@ def load(spec: str, base: Path | None = None) -> Pretrained:
         tokenizer = AutoTokenizer.from_pretrained(**where)
     except Exception as e:
         raise PosbenchError(f"cannot load {spec}: {first_line(e)}") from None
-    model.eval()
+    model.to(device).eval()
     _register_attention()
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     rotary = Rotary(head_dim, float(config.rope_parameters["rope_theta"]), int(config.max_position_embeddings))
@@ -405,16 +410,16 @@ def say(text: str) -> None:
 
 
 def extrapolate(spec: str, cfg: EvalConfig, data: str, out: Path, task: str, progress: bool = False,
-                base: Path | None = None) -> list[dict]:
+                base: Path | None = None, device: torch.device | str = "cpu") -> list[dict]:
     """Perplexity of a pretrained model at every length under every policy of `cfg`: rows merged into
     out/extrapolation.csv, positions.csv and windows.csv, as posbench.evaluate writes them for runs."""
-    m = load(spec, base)
+    m = load(spec, base, device)
     scalings = policies(m, cfg)
     say(memory_line(m, scalings, max(cfg.lengths)))
     stream, fingerprint = token_stream(m, data)
     base_row = {"run_id": m.run_id, "task": task, "scheme": m.name, "params": str(m.path), "seed": 0,
                 "train_len": m.train_len, "mode": cfg.mode, **extension_columns(None), "position_draws": 0,
-                **results.provenance("cpu", "float32", fingerprint)}
+                **results.provenance(m.device.type, "float32", fingerprint)}
     for table in ("windows", "extrapolation", "positions"):
         results.read_rows(results.table_path(out, table))  # a damaged table fails before any is written
     rows = []
@@ -488,7 +493,7 @@ def model_row(m: Pretrained, cfg: ProbesConfig, task: str, probe: str, spec: str
     """The probes.csv columns that every row of a pretrained model's probe shares."""
     return {"run_id": m.run_id, "task": task, "probe": probe, "spec": spec, "scheme": m.name, "params": str(m.path),
             "seed": cfg.seed, "train_len": m.train_len, **extension_columns(None), "position_draws": 0,
-            **results.provenance("cpu", "float32", f"{m.tokenizer.__class__.__name__}-{m.sha256[:12]}{corpus}")}
+            **results.provenance(m.device.type, "float32", f"{m.tokenizer.__class__.__name__}-{m.sha256[:12]}{corpus}")}
 
 
 def judge_prompts(m: Pretrained, scalings: list[RopeScaling], prompts: dict[tuple, list], verdicts, base_row: dict,
@@ -560,10 +565,11 @@ def dpe_on_prompt(m: Pretrained, scaling: RopeScaling, tokens: list[int]) -> str
 
 
 def passkey(spec: str, cfg: ProbesConfig, eval_cfg: EvalConfig, lengths: tuple[int, ...], out: Path, task: str,
-            progress: bool = False, base: Path | None = None, resume: bool = False) -> list[dict]:
+            progress: bool = False, base: Path | None = None, resume: bool = False,
+            device: torch.device | str = "cpu") -> list[dict]:
     """probes.csv rows of the passkey test on a pretrained model: every policy x length x depth,
     `cfg.trials` prompts each, the same prompts for every policy (`resume`: judge_prompts)."""
-    m = load(spec, base)
+    m = load(spec, base, device)
     probe = parse_probe("passkey")
     scalings = policies(m, eval_cfg)
     say(memory_line(m, scalings, max(lengths)))
@@ -591,13 +597,14 @@ def ruler_verdicts(m: Pretrained, task: ruler.Task, p: ruler.Prompt) -> list[boo
 
 
 def ruler_probe(name: str, spec: str, cfg: ProbesConfig, eval_cfg: EvalConfig, lengths: tuple[int, ...], out: Path,
-                task: str, progress: bool = False, base: Path | None = None, resume: bool = False) -> list[dict]:
+                task: str, progress: bool = False, base: Path | None = None, resume: bool = False,
+                device: torch.device | str = "cpu") -> list[dict]:
     """probes.csv rows of RULER's task `name` (ruler:TASK) on a pretrained model: every policy x
     length, `cfg.trials` prompts each (RULER's generator in posbench.ruler, fitted to the model's
     tokenizer), the same prompts for every policy (`resume`: judge_prompts)."""
     t = ruler.task_of(name)
     essay = ruler.load_essay(cfg.ruler_essay)
-    m = load(spec, base)
+    m = load(spec, base, device)
     scalings = policies(m, eval_cfg)
     count = lambda text: len(encode(m.tokenizer, text))  # noqa: E731
     prompts = {(n, None): [ruler.prompt(t, n, f"{name}:{cfg.seed}:{n}:{i}", count, essay) for i in range(cfg.trials)]

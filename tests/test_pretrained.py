@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("transformers", reason="the pretrained extra (transformers) is not installed")
 
-from posbench import pretrained, results  # noqa: E402
+from posbench import config, pretrained, results  # noqa: E402
 from posbench.cli import main  # noqa: E402
 from posbench.errors import PosbenchError  # noqa: E402
 from posbench.schemes.rotary import RopeScaling  # noqa: E402
@@ -327,6 +327,30 @@ def test_an_interrupted_probe_resumes_at_the_length_it_lost(folder, tmp_path, mo
     capsys.readouterr()
     assert main(["probe", "--runs-dir", str(tmp_path), "--probe", "mqar", "--resume"]) == 2
     assert "--resume keeps the rows of a pretrained model's prompts" in capsys.readouterr().err
+
+
+def test_a_device_without_cuda_is_one_line(folder, tmp_path, capsys):
+    assert main(["probe", "--model", f"hf:{folder}", "--probe", "passkey", "--device", "cuda" if not
+                 torch.cuda.is_available() else "tpu", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("policy", ["none", "yarn", "self-extend", "dope"])
+def test_a_pretrained_model_reads_alike_on_cuda(folder, policy):
+    """Losses and a greedy continuation on CUDA as on the CPU (float32; the two-map policies score
+    explicitly there, with no fused CPU kernel)."""
+    from posbench.evaluate import scaling_of
+
+    ids = torch.randint(0, len(CHARS), (1, 97), generator=torch.Generator().manual_seed(0))
+    read = {}
+    for device in ("cpu", "cuda"):
+        m = pretrained.load(f"hf:{folder}", device=device)
+        m.set_scaling(scaling_of(policy, config.EvalConfig(self_extend_group=2, self_extend_window=8)))
+        read[device] = (m.token_losses(ids), m.greedy(ids[0, :64].tolist(), 4))
+    assert torch.allclose(read["cpu"][0], read["cuda"][0], atol=1e-4)
+    assert read["cuda"][0].device.type == "cpu" and read["cpu"][1] == read["cuda"][1]
 
 
 def test_the_passkey_prompt_is_exactly_its_length():

@@ -44,11 +44,12 @@ def extrapolate(
     out_dir = Path(out or runs_dir)
     if model or t.pretrained:
         from posbench import pretrained
+        from posbench.device import resolve_device
 
         if attention:
             raise PosbenchError("--attention measures posbench's own models; a pretrained model has no such path")
         rows = pretrained.extrapolate(model or t.pretrained, cfg, t.data.spec, out_dir, t.name, progress,
-                                      task_folder(task))
+                                      task_folder(task), resolve_device(device))
     else:
         rows = evaluate.extrapolate(Path(runs_dir), cfg, scheme_names(schemes), out_dir, device, progress=progress,
                                     attention=attention)

@@ -58,15 +58,16 @@ def probe(
     out_dir = Path(out or runs_dir)
     if model or t.pretrained:
         from posbench import pretrained
+        from posbench.device import resolve_device
 
-        rows = []
+        dev, rows = resolve_device(device), []
         for name in chosen:
             if name == "passkey":
                 rows += pretrained.passkey(model or t.pretrained, cfg, eval_cfg, cfg.lengths or t.eval.lengths,
-                                           out_dir, t.name, progress, task_folder(task), resume)
+                                           out_dir, t.name, progress, task_folder(task), resume, dev)
             else:
                 rows += pretrained.ruler_probe(name, model or t.pretrained, cfg, eval_cfg, cfg.lengths or t.eval.lengths,
-                                               out_dir, t.name, progress, task_folder(task), resume)
+                                               out_dir, t.name, progress, task_folder(task), resume, dev)
     elif resume:
         raise PosbenchError("--resume keeps the rows of a pretrained model's prompts (--model); a trained run's "
                             "probes are scored again in seconds")
