@@ -12,9 +12,12 @@ evaluated length up to which the model still does what it does in-distribution.
   or above the training length, a length passing when its per-answer accuracy, pooled over the
   probe's variants such as key depths (right answers / answers), is at least the criterion
   chance + threshold x (1 - chance): the threshold is read as the share of the way from the probe's
-  chance level to perfect, so a binary answer (parity) does not pass by guessing. A run that did
-  not learn the probe in length (probes.csv status `not learned`) has no effective length: its row
-  says `not learned`.
+  chance level to perfect, so a binary answer (parity) does not pass by guessing; RULER's tasks
+  (`ruler:TASK`, a pretrained model's) pass at RULER's own threshold, 85.6%. A run that did not
+  learn the probe in length (probes.csv status `not learned`) has no effective length: its row
+  says `not learned`. A pretrained model is not gated so (it was not trained on the probe): a
+  model that already fails at its own context reads `no reference`, as RULER's "below the shortest
+  length".
 
 Two bases, named in every row (`basis`) and table: `absolute`, a criterion fixed in advance, as
 RULER's effective length (the longest length scoring above 85.6, Llama-2-7B's score at 4k): the
@@ -22,7 +25,8 @@ probes' criterion above; and `relative`, a criterion drawn from the run's own sc
 training length, as NoLiMa's (85% of each model's own short-context score), which suits schemes and
 models of different strength: perplexity's tolerance above, and for probes a second row per probe,
 protocol `PROBE/relative`, a length passing when its accuracy is at least `share` (0.85) x the
-run's own accuracy at the training length (the walk's first length). Perplexity has no absolute
+run's own accuracy at the training length (the walk's first length); a reference no better than
+the probe's chance leaves nothing to keep (`no reference`). Perplexity has no absolute
 basis: RULER's threshold is an accuracy, and no perplexity means the same across corpora and
 tokenizers.
 
@@ -43,6 +47,7 @@ from posbench import results
 TOLERANCE = 0.10  # perplexity within 10% of its in-distribution value (the task's default too)
 THRESHOLD = 0.5  # accuracy at least half-way from chance to 100%
 SHARE = 0.85  # relative basis: accuracy at least 85% of the run's own at the training length (NoLiMa)
+RULER_THRESHOLD = 0.856  # RULER's effective-length score: Llama-2-7B's average at 4k
 LEARNED = 0.9  # probes: accuracy at the training length below this is `not learned`
 RUN_COLUMNS = ("run_id", "task", "scheme", "params", "seed", "train_len", "parent_run", "extend_method",
                "extend_len", "extend_steps")
@@ -137,7 +142,7 @@ def accuracy_rows(rows: list[dict], threshold: float = THRESHOLD) -> list[dict]:
     eval-time variant, a length passing at `threshold` of the way from chance to 1."""
     out = []
     for probe, first, lengths, accuracy, learned in _accuracy_groups(rows):
-        criterion = criterion_for(threshold, _number(first.get("chance")))
+        criterion = absolute_criterion(probe, threshold, _number(first.get("chance")))
         out.append(_accuracy_row(probe, first, lengths, accuracy, learned, criterion, "absolute"))
     return out
 
@@ -148,6 +153,12 @@ def relative_rows(rows: list[dict], share: float = SHARE) -> list[dict]:
     out = []
     for probe, first, lengths, accuracy, learned in _accuracy_groups(rows):
         criterion = share * accuracy[0][1] if accuracy else math.nan
+        chance = _number(first.get("chance"))
+        if learned and accuracy and accuracy[0][1] <= (0.0 if math.isnan(chance) else chance):
+            # nothing above guessing to keep
+            out.append(_row(first, "accuracy", f"{probe}/relative", accuracy[0][1], criterion, lengths, None,
+                            "no reference", "relative"))
+            continue
         out.append(_accuracy_row(f"{probe}/relative", first, lengths, accuracy, learned, criterion, "relative"))
     return out
 
@@ -159,6 +170,12 @@ def _accuracy_row(protocol: str, first: dict, lengths: list[int], accuracy: list
         return _row(first, "accuracy", protocol, reference, criterion, lengths, None, "not learned", basis)
     effective, status = _walk([(n, acc >= criterion) for n, acc in accuracy])
     return _row(first, "accuracy", protocol, reference, criterion, lengths, effective, status, basis)
+
+
+def absolute_criterion(probe: str, threshold: float, chance: float) -> float:
+    """The absolute basis's accuracy for `probe`: RULER's fixed 85.6% for its tasks, else
+    `threshold` of the way from chance to 1."""
+    return RULER_THRESHOLD if probe.startswith("ruler:") else criterion_for(threshold, chance)
 
 
 def criterion_for(threshold: float, chance: float) -> float:

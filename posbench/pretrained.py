@@ -52,7 +52,7 @@ from posbench.evaluate import (ATTN_BYTES, correlated_windows, detect_dpe, detec
 from posbench.extension import columns as extension_columns
 from posbench.progress import Bar
 from posbench.probes import parse_probe
-from posbench.probing import NOT_LEARNED, counts, gate, verdict_columns
+from posbench.probing import GATED, NOT_LEARNED, counts, verdict_columns
 from posbench.schemes.dope import dope_qk
 from posbench.schemes.rotary import (TWO_MAPS, RopeScaling, dpe_ready, far_keys, far_queries, rope_frequencies, turn_at,
                                      two_map_scores)
@@ -497,14 +497,16 @@ def model_row(m: Pretrained, cfg: ProbesConfig, task: str, probe: str, spec: str
 
 
 def judge_prompts(m: Pretrained, scalings: list[RopeScaling], prompts: dict[tuple, list], verdicts, base_row: dict,
-                  eval_cfg: EvalConfig, out: Path, progress: bool, variant_label=str, cell_columns=None,
+                  out: Path, progress: bool, variant_label=str, cell_columns=None,
                   tokens_of=None, resume: bool = False) -> list[dict]:
     """probes.csv rows of a pretrained model: every policy x (length, variant) of `prompts`, each
     prompt judged by `verdicts` (a list of right or wrong answers). A forward with the frequencies
     of one already read at that length is not run again; a policy's rows are merged into
     out/probes.csv after each length. DPE detects its scales at each length on the tokens
     (`tokens_of` an item) of the length's first prompt. `resume`: a length whose rows out/probes.csv
-    holds already (same model, probe, prompts and policy) is kept, not read again."""
+    holds already (same model, probe, prompts and policy) is kept, not read again. No row is gated
+    `not learned`: the model was not trained on the probe (posbench.effective reads a model that
+    fails at its own context as `no reference`)."""
     rows, judged = [], {}
     kept = kept_rows(out, base_row) if resume else {}
     lengths = list(dict.fromkeys(n for n, _ in prompts))
@@ -539,19 +541,23 @@ def judge_prompts(m: Pretrained, scalings: list[RopeScaling], prompts: dict[tupl
                                   "trials": len(prompts[cell]), "scaling": scaling.label, "extension": "none",
                                   "backend": m.backend, **c, **verdict_columns(c), "status": "ok", "reason": reason,
                                   **(cell_columns(cell) if cell_columns else {})})
-                results.merge_rows(out, "probes", gate(group, eval_cfg.learned_threshold))
-            rows += gate(group, eval_cfg.learned_threshold)
+                results.merge_rows(out, "probes", group)
+            rows += group
     return rows
 
 
 def kept_rows(out: Path, base_row: dict) -> dict[tuple, dict]:
     """out/probes.csv's rows of this model, probe, prompt spec and seed, by (policy, length,
-    variant, prompts): the cells `--resume` does not read again. Counts come back as numbers."""
+    variant, prompts): the cells `--resume` does not read again. Counts come back as numbers; a
+    row that an earlier posbench gated `not learned` comes back `ok`, its gate's reason dropped."""
     same = ("run_id", "probe", "spec", "seed")
     kept = {}
     for r in results.read_rows(results.table_path(out, "probes")):
         if all(r[k] == str(base_row[k]) for k in same) and r["status"] in ("ok", NOT_LEARNED):
             row = {**r, **{k: int(r[k]) for k in ("eval_len", "train_len", "answers", "hits", "trials", "exact")}}
+            if r["status"] == NOT_LEARNED:
+                reasons = [x for x in r["reason"].split("; ") if not x.endswith(GATED)]
+                row.update(status="ok", reason="; ".join(reasons))
             kept[(r["scaling"], row["eval_len"], r["variant"], row["trials"])] = row
     return kept
 
@@ -580,7 +586,7 @@ def passkey(spec: str, cfg: ProbesConfig, eval_cfg: EvalConfig, lengths: tuple[i
             keys = [str(rng.randrange(10 ** (DIGITS - 1), 10**DIGITS)) for _ in range(cfg.trials)]
             prompts[(n, depth)] = [(passkey_prompt(m.tokenizer, n, depth, k), k) for k in keys]
     base_row = {**model_row(m, cfg, task, "passkey", "passkey:natural-language", ""), "chance": 0.1}
-    return judge_prompts(m, scalings, prompts, lambda item: passkey_verdicts(m, *item), base_row, eval_cfg, out,
+    return judge_prompts(m, scalings, prompts, lambda item: passkey_verdicts(m, *item), base_row, out,
                          progress, probe.variant_label, tokens_of=lambda item: item[0], resume=resume)
 
 
@@ -612,6 +618,6 @@ def ruler_probe(name: str, spec: str, cfg: ProbesConfig, eval_cfg: EvalConfig, l
     say(memory_line(m, scalings, max(lengths)))
     base_row = model_row(m, cfg, task, name, f"{name}:essay={cfg.ruler_essay}", f"+essay-{essay.fingerprint}")
     chance = {cell: sum(map(ruler.chance, ps)) / len(ps) for cell, ps in prompts.items()}
-    return judge_prompts(m, scalings, prompts, lambda p: ruler_verdicts(m, t, p), base_row, eval_cfg, out, progress,
+    return judge_prompts(m, scalings, prompts, lambda p: ruler_verdicts(m, t, p), base_row, out, progress,
                          lambda _: "", lambda cell: {"chance": chance[cell]}, lambda p: encode(m.tokenizer, p.text),
                          resume)

@@ -47,6 +47,7 @@ from posbench.runs import RunSpec, load_spec, load_trained
 RATIOS = (1, 2, 4, 8)  # prompt lengths, in training lengths, when the config names none
 MAX_BATCH = 64
 NOT_LEARNED = "not learned"
+GATED = ": no extrapolation reading"  # the end of the reason that gate() gives
 
 
 def lengths_for(cfg: ProbesConfig, train_len: int) -> tuple[int, ...]:
@@ -114,7 +115,7 @@ def gate(rows: list[dict], threshold: float) -> list[dict]:
         if home and sum(r["hits"] for r in home) / answers < threshold:
             for r in group:
                 if r["status"] == "ok":  # a reason the row had already (DPE's scales, a shared forward) stays first
-                    said = f"accuracy at the training length below {threshold:g}: no extrapolation reading"
+                    said = f"accuracy at the training length below {threshold:g}{GATED}"
                     r["status"], r["reason"] = NOT_LEARNED, "; ".join(filter(None, (r.get("reason", ""), said)))
     return rows
 

@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("transformers", reason="the pretrained extra (transformers) is not installed")
 
-from posbench import config, pretrained, results  # noqa: E402
+from posbench import config, pretrained, probing, results  # noqa: E402
 from posbench.cli import main  # noqa: E402
 from posbench.errors import PosbenchError  # noqa: E402
 from posbench.schemes.rotary import RopeScaling  # noqa: E402
@@ -327,6 +327,20 @@ def test_an_interrupted_probe_resumes_at_the_length_it_lost(folder, tmp_path, mo
     capsys.readouterr()
     assert main(["probe", "--runs-dir", str(tmp_path), "--probe", "mqar", "--resume"]) == 2
     assert "--resume keeps the rows of a pretrained model's prompts" in capsys.readouterr().err
+
+
+def test_no_pretrained_row_is_gated_and_resume_ungates_an_earlier_ones(tmp_path):
+    """A model was not trained on a probe: its rows stay `ok` whatever it scores at its context
+    (effective length reads a failing model as `no reference`); rows an earlier posbench gated
+    `not learned` come back `ok` to --resume, any other reason kept."""
+    base = {"run_id": "hf:m@0", "probe": "ruler:vt", "spec": "ruler:vt:essay=x", "seed": 0}
+    row = {**base, "task": "pretrained", "scaling": "none", "eval_len": 1024, "train_len": 1024, "variant": "",
+           "answers": 10, "hits": 1, "trials": 2, "exact": 0, "extension": "none",
+           "status": probing.NOT_LEARNED, "reason": f"same frequencies as none; accuracy at the training length "
+                                                    f"below 0.9{probing.GATED}"}
+    results.merge_rows(tmp_path, "probes", [row])
+    (kept,) = pretrained.kept_rows(tmp_path, base).values()
+    assert kept["status"] == "ok" and kept["reason"] == "same frequencies as none" and kept["hits"] == 1
 
 
 def test_a_device_without_cuda_is_one_line(folder, tmp_path, capsys):

@@ -93,6 +93,21 @@ def test_relative_effective_length_is_a_share_of_the_runs_own_score():
     assert {r["basis"] for r in effective.perplexity_rows(strings([ext_row("a", 0, 64, 10.0)]))} == {"relative"}
 
 
+def test_rulers_tasks_pass_at_rulers_threshold_and_a_reference_at_chance_keeps_nothing():
+    # A pretrained model on ruler:cwe (chance 0.1): 90% at its context, 80%, 40% past it.
+    model = [{**r, "probe": "ruler:cwe", "chance": "0.1", "variant": ""}
+             for r in acc_rows("m", 0, {8: 18, 16: 16, 32: 8}, train_len=8) if r["variant"] == "depth=1"]
+    model = strings([{**r, "hits": h, "answers": 20, "trials": 20} for r, h in zip(model, (18, 16, 8))])
+    (absolute,) = effective.accuracy_rows(model, threshold=0.5)
+    assert absolute["criterion"] == 0.856 and (absolute["effective_len"], absolute["status"]) == (8, "ok")
+    (relative,) = effective.relative_rows(model)
+    assert (relative["effective_len"], relative["status"]) == (16, "ok")  # 80% >= 0.85 x 90%
+    # A model at chance at its own context: no absolute length, and no relative one either.
+    weak = [{**r, "hits": "2"} if r["eval_len"] == "8" else r for r in model]
+    assert [(r["effective_len"], r["status"]) for r in effective.accuracy_rows(weak) + effective.relative_rows(weak)] \
+        == [(None, "no reference")] * 2
+
+
 def test_report_cells_show_seed_intervals_or_one_seed_as_such():
     rows = [ext_row("a", s, 64, p, loss_se=0.01) for s, p in enumerate([10.0, 11.0, 12.0])]
     rows += [ext_row("b", 0, 64, 20.0, loss_se=0.05), ext_row("b", 0, 128, 30.0, loss_se=0.05)]
