@@ -443,7 +443,7 @@ def sweep_records(dirs: list[Path], task_name: str, ratios: tuple[int, ...]) -> 
         own = task.train_for(probe).lr
         for name in _scheme_order(df[df["probe"] == probe]["label"]):
             cell = df[(df["probe"] == probe) & (df["label"] == name)]
-            rows = []
+            rows, complete = [], True
             for lr in sorted(task.probes.lrs):
                 sub = cell[cell["lr"] == lr]
                 first = sub[sub["ratio"] == 1]
@@ -451,18 +451,16 @@ def sweep_records(dirs: list[Path], task_name: str, ratios: tuple[int, ...]) -> 
                 seeds = set(sub["seed"]) | lost
                 ids = {i for i in sub["run_id"] if i in held_out}
                 accuracy = [held_out[i] for i in sorted(ids)] + [0.0] * len(lost)
+                complete &= wanted <= seeds
                 rows.append({"probe": probe, "scheme": name, "lr": lr, "seeds": len(seeds), "failed": len(lost),
                              "learned": first[first["status"] != "not learned"]["seed"].nunique(),
                              "held_out": sum(accuracy) / len(accuracy) if accuracy else None,
                              "means": [seed_accuracy(sub[sub["ratio"] == r])["accuracy"].mean() for r in ratios],
-                             "chosen": False, "complete": wanted <= seeds})
-            if all(r["complete"] for r in rows):
+                             "chosen": False})
+            if complete:
                 best = max(rows, key=lambda r: (round(r["held_out"], 6), r["lr"] == own, -r["lr"]))
                 best["chosen"] = True
-            else:
-                for r in rows:
-                    r["complete"] = False
-            records += rows
+            records += [{**r, "complete": complete} for r in rows]
     return records
 
 
@@ -507,10 +505,8 @@ def probes(dirs: list[Path], *, seeds: bool = False, compact: bool = False, task
         if schemes is not None:
             chosen = _words(schemes, "schemes")
             have = {r["scheme"] for r in records}
-            missing = [s for s in chosen if s not in have]
-            if missing:
-                raise PosbenchError(f"no probe rows of {', '.join(missing)} (have: {', '.join(_scheme_order(have))})")
-            rank = {name: i for i, name in enumerate(chosen)}
+            rank = _ranks(chosen, have, lambda missing: PosbenchError(
+                f"no probe rows of {', '.join(missing)} (have: {', '.join(_scheme_order(have))})"))
             probe_rank = {p: i for i, p in enumerate(dict.fromkeys(r["probe"] for r in records))}
             records = sorted((r for r in records if r["scheme"] in rank),
                              key=lambda r: (probe_rank[r["probe"]], rank[r["scheme"]]))
@@ -782,6 +778,15 @@ def mean_ppl(directory: Path) -> pd.Series:
     return df.groupby(["label", "eval_len"])["ppl"].mean()
 
 
+def _ranks(chosen: list[str], have: set[str], error) -> dict[str, int]:
+    """Each chosen label's place in the order given; `error(missing)` raised when a chosen label is
+    not among those the rows `have`."""
+    missing = [s for s in chosen if s not in have]
+    if missing:
+        raise error(missing)
+    return {s: i for i, s in enumerate(chosen)}
+
+
 def _choose(table: pd.DataFrame, schemes: list[str] | None, lengths: tuple[int, ...] | None) -> pd.DataFrame:
     """Rows of (label, eval_len) in `schemes`' order (each label named there, the others left out)
     and at `lengths`; None: every one, as the table has them."""
@@ -789,10 +794,7 @@ def _choose(table: pd.DataFrame, schemes: list[str] | None, lengths: tuple[int, 
         table = table[table.index.get_level_values("eval_len").isin(lengths)]
     if schemes is not None:
         have = set(table.index.get_level_values("label"))
-        missing = [s for s in schemes if s not in have]
-        if missing:
-            raise did_you_mean(missing[0], have, "scheme in the attention table")
-        rank = {s: i for i, s in enumerate(schemes)}
+        rank = _ranks(schemes, have, lambda missing: did_you_mean(missing[0], have, "scheme in the attention table"))
         keep = [k for k in table.index if k[0] in rank]
         table = table.loc[sorted(keep, key=lambda k: (rank[k[0]], k[1]))]
     return table
