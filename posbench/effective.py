@@ -25,8 +25,9 @@ probes' criterion above; and `relative`, a criterion drawn from the run's own sc
 training length, as NoLiMa's (85% of each model's own short-context score), which suits schemes and
 models of different strength: perplexity's tolerance above, and for probes a second row per probe,
 protocol `PROBE/relative`, a length passing when its accuracy is at least `share` (0.85) x the
-run's own accuracy at the training length (the walk's first length); a reference no better than
-the probe's chance leaves nothing to keep (`no reference`). Perplexity has no absolute
+run's own accuracy at the training length; no score there (a policy a pretrained model was read
+under only past its context), or one no better than the probe's chance, leaves nothing to keep
+(`no reference`). Perplexity has no absolute
 basis: RULER's threshold is an accuracy, and no perplexity means the same across corpora and
 tokenizers.
 
@@ -154,8 +155,9 @@ def relative_rows(rows: list[dict], share: float = SHARE) -> list[dict]:
     for probe, first, lengths, accuracy, learned in _accuracy_groups(rows):
         criterion = share * accuracy[0][1] if accuracy else math.nan
         chance = _number(first.get("chance"))
-        if learned and accuracy and accuracy[0][1] <= (0.0 if math.isnan(chance) else chance):
-            # nothing above guessing to keep
+        at_home = bool(accuracy) and accuracy[0][0] == int(first["train_len"])
+        if learned and (not at_home or accuracy[0][1] <= (0.0 if math.isnan(chance) else chance)):
+            # no score at the training length, or nothing above guessing there to keep
             out.append(_row(first, "accuracy", f"{probe}/relative", accuracy[0][1], criterion, lengths, None,
                             "no reference", "relative"))
             continue

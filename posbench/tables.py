@@ -29,7 +29,7 @@ import pandas as pd
 from posbench import results, stats
 from posbench.config import parse_list
 from posbench.errors import PosbenchError, did_you_mean
-from posbench.reporting import label, markdown_table
+from posbench.reporting import effective_text, label, markdown_table
 
 PathLike = str | Path
 
@@ -692,6 +692,39 @@ def pretrained_effective(directory: Path) -> str:
     return markdown_table(["policy", "reference ppl (8k)", "effective length", "status"], body)
 
 
+def pretrained_probe_effective(directory: Path) -> str | None:
+    """Per probe (passkey, RULER's tasks) and policy: the score at the model's context (references
+    or digits found, pooled; `-` where the policy was read only past it) and the effective length
+    on both bases with the accuracy each asks for (`-`: no reference, e.g. below it at the model's
+    context); None without probe rows in effective_length.csv."""
+    rows = [r for r in _rows(directory, "effective_length", "`posbench extrapolate --model`") if r["metric"] == "accuracy"]
+    if not rows:
+        return None
+    home = defaultdict(lambda: [0, 0])
+    for r in results.read_probes(directory):
+        if r["eval_len"] == r["train_len"]:
+            home[(r["probe"], r["scaling"])][0] += int(r["hits"])
+            home[(r["probe"], r["scaling"])][1] += int(r["answers"])
+    cells: dict[tuple[str, str], dict[str, dict]] = defaultdict(dict)
+    for r in rows:
+        probe, _, relative = r["protocol"].partition("/")
+        cells[(probe, r["scaling"])]["relative" if relative else "absolute"] = r
+
+    def length(r: dict | None) -> str:
+        if r is None or r["status"] == "no reference":
+            return "-"
+        return f"{effective_text(r)} at {float(r['criterion']):.1%}"
+
+    body = []
+    for (probe, scaling), by in sorted(cells.items(), key=lambda kv: (kv[0][0], _policy(kv[0][1]))):
+        hits, answers = home.get((probe, scaling), (0, 0))
+        body.append([probe, scaling, f"{hits / answers:.0%}" if answers else "-", length(by.get("absolute")),
+                     length(by.get("relative"))])
+    context = sorted({r["train_len"] for r in rows})
+    head = ["probe", "policy", f"score at {'/'.join(context)}", "effective length, absolute", "relative (85% of own)"]
+    return markdown_table(head, body)
+
+
 def pretrained_passkey(directory: Path) -> str:
     """Policy and length: digits right, per-digit accuracy (Wilson), keys right, and by depth."""
     rows = [r for r in results.read_probes(directory) if r["probe"] == "passkey"]
@@ -732,13 +765,15 @@ def pretrained_ruler(directory: Path) -> str | None:
 
 
 def pretrained(directory: Path) -> str:
-    """Four or five sections, each under a `###` title: perplexity by policy and length, inside and
-    past the context, the effective length, passkey, and RULER's tasks where probes.csv has them."""
+    """Sections under `###` titles: perplexity by policy and length, inside and past the context,
+    perplexity's effective length, passkey, RULER's tasks where probes.csv has them, and the
+    probes' effective length on both bases."""
     sections = (("Perplexity by policy and length", pretrained_perplexity(directory)),
                 ("Inside and past the context, within each window", inside_and_past(directory)),
                 ("Effective length", pretrained_effective(directory)),
                 ("Passkey", pretrained_passkey(directory)),
-                ("RULER's synthetic tasks", pretrained_ruler(directory)))
+                ("RULER's synthetic tasks", pretrained_ruler(directory)),
+                ("Effective length of the probes", pretrained_probe_effective(directory)))
     return "\n\n".join(f"### {title}\n\n{text}" for title, text in sections if text is not None)
 
 
