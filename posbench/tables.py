@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -243,17 +244,19 @@ def steps_cell(steps: list[tuple[int, bool]]) -> str:
     return f"{median} ({word(steps[0])}-{word(steps[-1])})"
 
 
-def _seed_cell(per_seed: pd.DataFrame) -> tuple[float | None, str]:
-    """The mean over seeds of per-seed accuracy and its cell: the 95% t-interval over seeds
-    (clipped to 0..100), or the Wilson interval of one seed's answers."""
+def _seed_cell(per_seed: pd.DataFrame) -> tuple[float | None, str, float | None]:
+    """The mean over seeds of per-seed accuracy, its cell and the width of its interval over seeds:
+    the 95% t-interval (clipped to 0..100; its width None with one seed), or the Wilson interval
+    of one seed's answers."""
     if per_seed.empty:
-        return None, ""
+        return None, "", None
     if len(per_seed) == 1:
         hits, answers = int(per_seed["hits"].iloc[0]), int(per_seed["answers"].iloc[0])
         lo, hi = stats.wilson(hits, answers)
-        return hits / answers, f"{100 * hits / answers:.0f} ({100 * lo:.0f}-{100 * hi:.0f})"
+        return hits / answers, f"{100 * hits / answers:.0f} ({100 * lo:.0f}-{100 * hi:.0f})", None
     ci = stats.mean_interval(per_seed["accuracy"])
-    return ci.mean, f"{100 * ci.mean:.0f} [{100 * max(ci.lo, 0):.0f}, {100 * min(ci.hi, 1):.0f}]"
+    lo, hi = max(ci.lo, 0), min(ci.hi, 1)
+    return ci.mean, f"{100 * ci.mean:.0f} [{100 * lo:.0f}, {100 * hi:.0f}]", hi - lo
 
 
 def seeds_records(dirs: list[Path], ratios: tuple[int, ...], task: str | None = None) -> list[dict]:
@@ -282,13 +285,14 @@ def seeds_records(dirs: list[Path], ratios: tuple[int, ...], task: str | None = 
             record = {"probe": probe, "scheme": name, "seeds": rows["seed"].nunique(),
                       "learned": first[first["status"] != "not learned"]["seed"].nunique(),
                       "scored": first["seed"].nunique(), "steps": steps_cell(steps), "means": [], "cells": [],
-                      "medians": [], "holding": []}
+                      "medians": [], "holding": [], "widths": []}
             at_one = seed_accuracy(first)["accuracy"].to_dict()
             for ratio in ratios:
                 per_seed = seed_accuracy(rows[rows["ratio"] == ratio])
-                mean, cell = _seed_cell(per_seed)
+                mean, cell, width = _seed_cell(per_seed)
                 record["means"].append(mean)
                 record["cells"].append(cell)
+                record["widths"].append(width)
                 record["medians"].append(quartiles_cell(per_seed["accuracy"]) if len(per_seed) > 1 else "")
                 record["holding"].append(holding_cell(at_one, per_seed["accuracy"].to_dict()) if ratio > 1 else "")
             out.append(record)
@@ -317,7 +321,18 @@ def seeds_table(records: list[dict], ratios: tuple[int, ...]) -> str:
             + [f"{r}x median (IQR)" for r in ratios] + [f"{ratios[k]}x holding" for k in longer])
     body = [[r["probe"], r["scheme"], str(r["seeds"]), f"{r['learned']} of {r['scored']}", r["steps"], *r["cells"],
              *r["medians"], *(r["holding"][k] for k in longer)] for r in records]
-    return markdown_table(head, body)
+    return markdown_table(head, body) + width_line(records, ratios)
+
+
+def width_line(records: list[dict], ratios: tuple[int, ...]) -> str:
+    """How settled the table is: per ratio, the median width of the cells' 95% intervals over
+    seeds, in points (as shown: clipped to 0..100; cells of two seeds or more)."""
+    said = []
+    for k, ratio in enumerate(ratios):
+        widths = [r["widths"][k] for r in records if r["widths"][k] is not None]
+        if widths:
+            said.append(f"{ratio}x {100 * statistics.median(widths):.0f} ({len(widths)} cells)")
+    return "\n\nMedian width of the 95% intervals over seeds, in points: " + ", ".join(said) + "." if said else ""
 
 
 def compact_table(records: list[dict], schemes: list[str] | None = None) -> str:

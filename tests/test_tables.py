@@ -106,6 +106,19 @@ def test_speed_table(tmp_path):
     assert "| scheme | 16 | 32 |\n|---|---|---|" in text
 
 
+def test_the_table_over_seeds_says_how_wide_its_intervals_are():
+    # widths as fractions: the 2x cells 0.30, 0.50 and 0.20 (median 30), one seed has none
+    records = [{"widths": [0.05, w]} for w in (0.30, 0.50, 0.20)] + [{"widths": [None, None]}]
+    assert tables.width_line(records, (1, 2)) == ("\n\nMedian width of the 95% intervals over seeds, in points: "
+                                                  "1x 5 (3 cells), 2x 30 (3 cells).")
+    assert tables.width_line([{"widths": [None]}], (2,)) == ""
+    text = table("probes", RESULTS / "probes" / "seeds", seeds=True, task="probe-seeds", ratios="2")
+    width = float(text.rsplit("2x ", 1)[1].split()[0])
+    cells = [re.search(r"\[(\d+), (\d+)\]", line) for line in text.splitlines()[2:] if line.startswith("|")]
+    spans = sorted(int(m[2]) - int(m[1]) for m in cells if m)
+    assert abs(width - spans[len(spans) // 2]) <= 2  # the cells' own (rounded) widths agree
+
+
 def test_every_table_goes_through_the_one_markdown_writer():
     source = (REPO / "posbench" / "tables.py").read_text(encoding="utf-8")
     assert '" | ".join' not in source and "|---" not in source
