@@ -57,7 +57,7 @@ from posbench.schemes.dope import dope_qk
 from posbench.schemes.rotary import (TWO_MAPS, RopeScaling, dpe_ready, far_keys, far_queries, rope_frequencies, turn_at,
                                      two_map_scores)
 
-KINDS = ("hf", "gguf")
+KINDS = results.MODEL_KINDS
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")  # half-split RoPE on every head dim, q and k by apply_rotary_pos_emb
 TWO_MAP_ATTENTION = "posbench_two_map"
 DOPE_ATTENTION = "posbench_dope"

@@ -142,6 +142,15 @@ def shared_note(label: str) -> str:
     return f"{SHARED} {label} at this length: scored once"
 
 
+# A pretrained model's rows are keyed kind:name@sha256 (posbench.pretrained), kind one of these.
+MODEL_KINDS = ("hf", "gguf")
+
+
+def of_model(row: dict) -> bool:
+    """Whether a row is a pretrained model's (not a trained run's)."""
+    return row["run_id"].partition(":")[0] in MODEL_KINDS
+
+
 def _check_cell(path: Path, line: int, column: str, value: str) -> None:
     kind = int if column in INTEGERS else float if column in NUMBERS else None
     if kind is None or value == "":

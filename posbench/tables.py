@@ -712,12 +712,13 @@ def pretrained_probe_effective(directory: Path) -> str | None:
     or digits found, pooled; `-` where the policy was read only past it) and the effective length
     on both bases with the accuracy each asks for (`-`: no reference, e.g. below it at the model's
     context); None without probe rows in effective_length.csv."""
-    rows = [r for r in _rows(directory, "effective_length", "`posbench extrapolate --model`") if r["metric"] == "accuracy"]
+    rows = [r for r in results.read_rows(results.table_path(directory, "effective_length"))
+            if r["metric"] == "accuracy" and results.of_model(r)]
     if not rows:
         return None
     home = defaultdict(lambda: [0, 0])
     for r in results.read_probes(directory):
-        if r["eval_len"] == r["train_len"]:
+        if r["eval_len"] == r["train_len"] and results.of_model(r):
             home[(r["probe"], r["scaling"])][0] += int(r["hits"])
             home[(r["probe"], r["scaling"])][1] += int(r["answers"])
     cells: dict[tuple[str, str], dict[str, dict]] = defaultdict(dict)
@@ -740,9 +741,12 @@ def pretrained_probe_effective(directory: Path) -> str | None:
     return markdown_table(head, body)
 
 
-def pretrained_passkey(directory: Path) -> str:
-    """Policy and length: digits right, per-digit accuracy (Wilson), keys right, and by depth."""
-    rows = [r for r in results.read_probes(directory) if r["probe"] == "passkey"]
+def pretrained_passkey(directory: Path) -> str | None:
+    """Policy and length: digits right, per-digit accuracy (Wilson), keys right, and by depth; None
+    without passkey rows."""
+    rows = [r for r in results.read_probes(directory) if r["probe"] == "passkey" and results.of_model(r)]
+    if not rows:
+        return None
     cells = defaultdict(lambda: [0, 0, 0, 0])
     for r in rows:
         c = cells[(r["scaling"], int(r["eval_len"]))]
@@ -780,15 +784,20 @@ def pretrained_ruler(directory: Path) -> str | None:
 
 
 def pretrained(directory: Path) -> str:
-    """Sections under `###` titles: perplexity by policy and length, inside and past the context,
-    perplexity's effective length, passkey, RULER's tasks where probes.csv has them, and the
-    probes' effective length on both bases."""
-    sections = (("Perplexity by policy and length", pretrained_perplexity(directory)),
-                ("Inside and past the context, within each window", inside_and_past(directory)),
-                ("Effective length", pretrained_effective(directory)),
-                ("Passkey", pretrained_passkey(directory)),
-                ("RULER's synthetic tasks", pretrained_ruler(directory)),
-                ("Effective length of the probes", pretrained_probe_effective(directory)))
+    """Sections under `###` titles: where extrapolation.csv has a model's rows, perplexity by
+    policy and length, inside and past the context and perplexity's effective length; where
+    probes.csv has them, passkey, RULER's tasks and the probes' effective length on both bases."""
+    windows = any(map(results.of_model, results.read_rows(results.table_path(directory, "extrapolation"))))
+    prompts = any(map(results.of_model, results.read_probes(directory)))
+    if not (windows or prompts):
+        raise PosbenchError(f"no rows of a pretrained model in {directory}: `posbench extrapolate --model` "
+                            "and `posbench probe --model` write them")
+    sections = ((("Perplexity by policy and length", pretrained_perplexity(directory)),
+                 ("Inside and past the context, within each window", inside_and_past(directory)),
+                 ("Effective length", pretrained_effective(directory))) if windows else ()) + (
+                (("Passkey", pretrained_passkey(directory)),
+                 ("RULER's synthetic tasks", pretrained_ruler(directory)),
+                 ("Effective length of the probes", pretrained_probe_effective(directory))) if prompts else ())
     return "\n\n".join(f"### {title}\n\n{text}" for title, text in sections if text is not None)
 
 

@@ -224,7 +224,7 @@ def test_unknown_option_names_the_nearest():
     (lambda: table("attention", RESULTS / "attention", schemes="rope,ropee"), ("unknown scheme in the attention table 'ropee'",)),
     (lambda: table("attention", RESULTS / "probes"), ("no attention.csv rows", "posbench extrapolate --attention",)),
     (lambda: table("speed", RESULTS / "probes"), ("no speed.csv rows",)),
-    (lambda: table("pretrained", RESULTS / "probes"), ("no extrapolation.csv rows",)),
+    (lambda: table("pretrained", RESULTS / "probes"), ("no rows of a pretrained model",)),
     (lambda: table("headline", RESULTS / "probes"), ("no extrapolation.csv rows in", "posbench run catalogue",)),
 ])
 def test_bad_options_and_folders_are_one_line(call, matches):

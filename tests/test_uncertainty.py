@@ -109,10 +109,10 @@ def test_rulers_tasks_pass_at_rulers_threshold_and_a_reference_at_chance_keeps_n
 
 
 def test_the_pretrained_table_reads_rulers_effective_length_both_ways(tmp_path):
-    from posbench import tables
+    from posbench import probing, tables
 
     def cell(policy, n, hits):
-        return {"run_id": "hf:m@0", "task": "pretrained", "probe": "ruler:vt", "spec": "ruler:vt", "scheme": "m",
+        return {**probing.verdict_columns({"hits": hits, "answers": 50, "exact": 0, "trials": 10}), "run_id": "hf:m@0", "task": "pretrained", "probe": "ruler:vt", "spec": "ruler:vt", "scheme": "m",
                 "params": "", "seed": 0, "train_len": 8192, "eval_len": n, "ratio": n / 8192, "variant": "",
                 "trials": 10, "answers": 50, "hits": hits, "exact": 0, "chance": 0.0, "scaling": policy,
                 "extension": "none", "status": "ok", "position_draws": 0}
@@ -120,9 +120,10 @@ def test_the_pretrained_table_reads_rulers_effective_length_both_ways(tmp_path):
     results.merge_rows(tmp_path, "probes", [cell("none", 8192, 45), cell("none", 16384, 15),
                                             cell("yarn", 8192, 40), cell("yarn", 16384, 35)])
     effective.write(tmp_path)
-    text = tables.pretrained_probe_effective(tmp_path)
+    text = tables.table("pretrained", tmp_path)  # a folder of prompts alone: no perplexity sections
     assert "| ruler:vt | none | 90% | 8192 (1x) at 85.6% | 8192 (1x) at 76.5% |" in text
     assert "| ruler:vt | yarn | 80% | - | ≥16384 (2x) at 68.0% |" in text
+    assert "### RULER's synthetic tasks" in text and "Perplexity" not in text and "### Passkey" not in text
 
 
 def test_report_cells_show_seed_intervals_or_one_seed_as_such():
