@@ -5,11 +5,15 @@ import math
 
 import pytest
 
+from pathlib import Path
+
 from posbench import effective, results
 from posbench.cli import main
 from posbench.comparison import compare
 from posbench.pairing import paired
 from posbench.reporting import accuracy_cell, effective_text, ppl_grid
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 
 def ext_row(scheme, seed, eval_len, ppl, status="ok", train_len=64, mode="nonoverlap", stride=0, **extra):
@@ -239,3 +243,21 @@ def test_committed_one_seed_baseline_passes_against_itself():
     base = Path(__file__).parents[1] / "results" / "baseline" / "ci"
     out = compare(base, base)
     assert out.regressions == 0 and all("change" in e for e in out.rows if e["verdict"] == "same" and e["current"])
+
+
+@pytest.mark.parametrize("folder", sorted(str(p.parent.relative_to(RESULTS))
+                                          for p in RESULTS.glob("**/effective_length.csv")))
+def test_each_committed_effective_length_is_what_its_rows_give(folder):
+    """A results folder's effective_length.csv holds the rows that its extrapolation.csv and
+    probes.csv give under today's rules, no more (`posbench report DIR` rewrites it)."""
+    d = RESULTS / folder
+    probes = results.read_probes(d)
+    made = (effective.perplexity_rows(results.read_rows(results.table_path(d, "extrapolation")))
+            + effective.accuracy_rows(probes) + effective.relative_rows(probes))
+
+    def keyed(rows):
+        return {(r["run_id"], r["protocol"], r["scaling"], r["extension"]):
+                (str(r["effective_len"] or ""), r["status"], r["basis"]) for r in rows}
+
+    assert keyed(results.read_rows(d / "effective_length.csv")) == keyed(made), f"run `posbench report results/{folder}`"
+
