@@ -116,9 +116,10 @@ def test_the_pretrained_table_reads_rulers_effective_length_both_ways(tmp_path):
     from posbench import probing, tables
 
     def cell(policy, n, hits):
-        return {**probing.verdict_columns({"hits": hits, "answers": 50, "exact": 0, "trials": 10}), "run_id": "hf:m@0", "task": "pretrained", "probe": "ruler:vt", "spec": "ruler:vt", "scheme": "m",
-                "params": "", "seed": 0, "train_len": 8192, "eval_len": n, "ratio": n / 8192, "variant": "",
-                "trials": 10, "answers": 50, "hits": hits, "exact": 0, "chance": 0.0, "scaling": policy,
+        counts = {"hits": hits, "answers": 50, "exact": 0, "trials": 10}
+        return {**probing.verdict_columns(counts), **counts, "run_id": "hf:m@0", "task": "pretrained",
+                "probe": "ruler:vt", "spec": "ruler:vt", "scheme": "m", "params": "", "seed": 0, "train_len": 8192,
+                "eval_len": n, "ratio": n / 8192, "variant": "", "chance": 0.0, "scaling": policy,
                 "extension": "none", "status": "ok", "position_draws": 0}
     # none: 90% at 8k, 30% at 16k; yarn: 80% at 8k, 70% at 16k (>= 85% of its own 80%, below 85.6%)
     results.merge_rows(tmp_path, "probes", [cell("none", 8192, 45), cell("none", 16384, 15),
