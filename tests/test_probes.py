@@ -758,7 +758,8 @@ def test_probes_table_over_seeds_reads_folders_as_one(tmp_path):
     write(tmp_path / "b", [run(0, 9999), run(1, ""), run(2, 1000)],  # rope-0 again: the first folder's counts
           [cell(0, 1, 10), cell(0, 2, 10), cell(1, 1, 60, "not learned"), cell(1, 2, 20), cell(2, 1, 95),
            cell(2, 2, 40)])
-    header, _, row = table("probes", [tmp_path / "a", tmp_path / "b"], seeds=True, ratios="1,2").splitlines()
+    header, _, row, _, width = table("probes", [tmp_path / "a", tmp_path / "b"], seeds=True, ratios="1,2").splitlines()
+    assert width.startswith("Median width of the 95% intervals over seeds, in points: 1x ")
     cells = dict(zip((c.strip() for c in header.strip("|").split("|")), (c.strip() for c in row.strip("|").split("|"))))
     assert cells["seeds"] == "3" and cells["learned"] == "2 of 3"
     assert cells["steps to stop"] == "1,000 (400-8,000+)"  # seed 1 spent its 8,000 steps
