@@ -158,7 +158,8 @@ def relative_rows(rows: list[dict], share: float = SHARE) -> list[dict]:
         at_home = bool(accuracy) and accuracy[0][0] == int(first["train_len"])
         if learned and (not at_home or accuracy[0][1] <= (0.0 if math.isnan(chance) else chance)):
             # no score at the training length, or nothing above guessing there to keep
-            out.append(_row(first, "accuracy", f"{probe}/relative", accuracy[0][1], criterion, lengths, None,
+            reference = accuracy[0][1] if accuracy else math.nan
+            out.append(_row(first, "accuracy", f"{probe}/relative", reference, criterion, lengths, None,
                             "no reference", "relative"))
             continue
         out.append(_accuracy_row(f"{probe}/relative", first, lengths, accuracy, learned, criterion, "relative"))

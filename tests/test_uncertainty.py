@@ -106,6 +106,9 @@ def test_rulers_tasks_pass_at_rulers_threshold_and_a_reference_at_chance_keeps_n
     assert absolute["criterion"] == 0.856 and (absolute["effective_len"], absolute["status"]) == (8, "ok")
     (relative,) = effective.relative_rows(model)
     assert (relative["effective_len"], relative["status"]) == (16, "ok")  # 80% >= 0.85 x 90%
+    # Read only below its context: no reference on either basis.
+    short = [{**r, "train_len": "64"} for r in model]
+    assert {r["status"] for r in effective.accuracy_rows(short) + effective.relative_rows(short)} == {"no reference"}
     # A model at chance at its own context: no absolute length, and no relative one either.
     weak = [{**r, "hits": "2"} if r["eval_len"] == "8" else r for r in model]
     assert [(r["effective_len"], r["status"]) for r in effective.accuracy_rows(weak) + effective.relative_rows(weak)] \
