@@ -57,7 +57,6 @@ from posbench.schemes.dope import dope_qk
 from posbench.schemes.rotary import (TWO_MAPS, RopeScaling, dpe_ready, far_keys, far_queries, rope_frequencies, turn_at,
                                      two_map_scores)
 
-KINDS = results.MODEL_KINDS
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")  # half-split RoPE on every head dim, q and k by apply_rotary_pos_emb
 TWO_MAP_ATTENTION = "posbench_two_map"
 DOPE_ATTENTION = "posbench_dope"
@@ -74,7 +73,7 @@ DIGITS = 5
 def parse(spec: str, base: Path | None = None) -> tuple[str, Path]:
     """(kind, path) of `hf:FOLDER` or `gguf:FILE`; one line when the path is not a local one."""
     kind, colon, where = spec.partition(":")
-    if not colon or kind not in KINDS or not where:
+    if not colon or kind not in results.MODEL_KINDS or not where:
         raise PosbenchError(f"bad model {spec!r}: use hf:FOLDER (a local Hugging Face model folder) or gguf:FILE")
     path = locate(where, base)
     if path is None:
