@@ -66,6 +66,7 @@ CASES = [
     ("probes/README.md", "probes", "probes", {}),
     ("probes/seeds/README.md", "probes", "probes/seeds", {"seeds": True, "task": "probe-seeds"}),
     ("probes/seeds/README.md", "probes", "probes/seeds", {"task": "probe-seeds", "ratios": "2,4,8", "pairs": SEED_PAIRS}),
+    ("probes/lr/README.md", "probes", "probes/lr", {"task": "probe-lr", "sweep": True}),
     ("probe-2026/README.md", "probes", "probe-2026",
      {"seeds": True, "compact": True, "task": "probe-2026", "ratios": "2,4,8", "schemes": PROBE_2026}),
     ("probe-2026/README.md", "probes", "probe-2026", {"seeds": True, "task": "probe-2026", "schemes": PROBE_2026}),
