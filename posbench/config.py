@@ -555,6 +555,37 @@ def replace(obj, **changes):
     return new
 
 
+RANDOMIZED = "+randomized"  # the label of a scheme's probe runs on randomized positions
+
+
+def only_schemes(task: Task, wanted: tuple[str, ...]) -> Task:
+    """The task of `posbench run --schemes`: the runs of the labels `wanted` alone, as the tables
+    name them. A scheme (preset, layout) trains its plain runs; SCHEME+randomized trains only its
+    probe runs on randomized positions (a probe task's, the scheme taking integer positions). A
+    task's [probes] cells keep those of `wanted`. The run_ids are those of the whole task."""
+    from posbench.data import PROBES
+    from posbench.probes import probe_name
+
+    plain = tuple(w for w in wanted if not w.endswith(RANDOMIZED))
+    randomized = tuple(dict.fromkeys(w.removesuffix(RANDOMIZED) for w in wanted if w.endswith(RANDOMIZED)))
+    if randomized and not task.probes.names:
+        raise PosbenchError(f"{randomized[0]}{RANDOMIZED}: task {task.name} trains no probe, and only probe "
+                            "runs take randomized positions")
+    alone = [s for s in randomized if s not in plain]
+    if alone and probe_name(str(task.data.spec)) not in PROBES:
+        raise PosbenchError(f"{alone[0]}{RANDOMIZED} without {alone[0]}: task {task.name} trains {alone[0]} on "
+                            f"its data ({task.data.spec}) as well; name both")
+    probes = dataclasses.replace(task.probes, randomized=randomized)
+    if task.probes.cells or (randomized and not set(randomized) <= set(plain)):
+        every = [f"{probe_name(n)}:{w}" for n in task.probes.names for w in wanted]
+        cells = tuple(c for c in (task.probes.cells or every) if c.partition(":")[2] in wanted)
+        if not cells:
+            raise PosbenchError(f"--schemes {','.join(wanted)}: none of task {task.name}'s [probes] cells "
+                                f"({', '.join(task.probes.cells)}) is of these schemes")
+        probes = dataclasses.replace(probes, cells=cells)
+    return replace(task, schemes=tuple(dict.fromkeys(plain + randomized)), probes=probes)
+
+
 def parse_list(value: str | Iterable, item: type, what: str) -> tuple:
     """A list option as the command line gives it ("64,128") or as Python does ([64, 128]): its
     items of type `item`, one line when one is not, or when there are none."""

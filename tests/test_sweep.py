@@ -46,6 +46,41 @@ def test_lrs_and_cells_shape_the_grid(tmp_path):
     assert not own & {s.run_id for s in specs if s.train.lr != 2e-3}
 
 
+def test_schemes_select_the_labels_the_tables_name(tmp_path):
+    """`--schemes` takes the labels of the tables: `rope` its plain runs alone, `rope+randomized`
+    its runs on randomized positions alone; a sweep's cells keep those of the labels named. The
+    run_ids are the whole task's."""
+    plain = task(tmp_path)
+    whole = {s.run_id: (s.scheme, s.train.randomize_positions) for s in grid(plain)}
+
+    def picked(t, wanted):
+        specs = grid(config.only_schemes(t, wanted))
+        assert {s.run_id for s in specs} <= set(whole) or t is not plain
+        return sorted({(s.scheme, s.train.randomize_positions) for s in specs})
+
+    assert picked(plain, ("none",)) == [("none", False)]
+    assert picked(plain, ("rope",)) == [("rope", False)]
+    assert picked(plain, ("rope+randomized",)) == [("rope", True)]
+    assert picked(plain, ("rope", "rope+randomized")) == [("rope", False), ("rope", True)]
+    assert len(grid(config.only_schemes(plain, ("rope+randomized",)))) == 2  # its two seeds
+    swept = task(tmp_path, 'lrs = [1e-3, 2e-3]\ncells = ["passkey:none", "passkey:rope+randomized"]\n', "swept")
+    assert picked(swept, ("none",)) == [("none", False)]
+    assert picked(swept, ("rope+randomized", "none")) == [("none", False), ("rope", True)]
+    with pytest.raises(PosbenchError, match=r"--schemes rope: none of task tinysweep's \[probes\] cells"):
+        config.only_schemes(swept, ("rope",))
+    with pytest.raises(PosbenchError, match="task quick trains no probe"):
+        config.only_schemes(config.load_task("quick"), ("rope+randomized",))
+
+
+def test_run_trains_the_randomized_runs_alone(tmp_path, capsys):
+    path = tmp_path / "tinysweep.toml"
+    path.write_text(SWEEP)
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--schemes", "rope+randomized", "--no-speed", "--out", str(out)]) == 0
+    rows = results.read_rows(results.table_path(out, "runs"))
+    assert sorted((r["scheme"], r["randomized"], r["seed"]) for r in rows) == [("rope", "True", "0"), ("rope", "True", "1")]
+
+
 @pytest.mark.parametrize("extra, message", [
     ('cells = ["passkey:alibi"]\n',
      r"cells: 'passkey:alibi' names scheme 'alibi', which the task does not train \(its schemes: none, rope, rope\+randomized\)"),

@@ -10,7 +10,7 @@ import typer
 
 from posbench import config, results
 from posbench.commands import console, failed, plain, say
-from posbench.commands.options import Device, Out, Resume, Schemes, load_plugins, names, settings, takes
+from posbench.commands.options import Device, GridSchemes, Out, Resume, load_plugins, names, settings, takes
 from posbench.errors import PosbenchError
 
 # its line in posbench/docs/commands.md, and the pages that explain it
@@ -29,7 +29,7 @@ def run(
     device: Device = "auto",
     speed: Annotated[bool, typer.Option("--speed/--no-speed", help="time the attention kernels too")] = True,
     seeds: Annotated[Optional[str], typer.Option(help="seeds instead of the task's, e.g. 0,1,2 or 0-3 (same run_ids)")] = None,
-    schemes: Schemes = None,
+    schemes: GridSchemes = None,
     workers: Annotated[Optional[str], typer.Option(
         help="N | auto: the runs on N processes of this machine, each with its share of the cores or GPU memory "
              "(default: the task's, 1)")] = None,
@@ -60,9 +60,11 @@ def run(
                             f"posbench extrapolate --task {task}; posbench probe --task {task} --probe passkey")
     t = dataclasses.replace(t, train=settings(t.train, given))
     trackers.require(t.train.tracker)
-    if seeds is not None or schemes is not None or ensemble is not None:
-        t = config.replace(t, seeds=None if seeds is None else config.parse_seeds(seeds), schemes=names(schemes),
+    if seeds is not None or ensemble is not None:
+        t = config.replace(t, seeds=None if seeds is None else config.parse_seeds(seeds),
                            ensemble=None if ensemble is None else config.check_ensemble(ensemble))
+    if schemes is not None:
+        t = config.only_schemes(t, names(schemes))
     part = grid.parse_shard(shard)
     out_dir = Path(out or Path("runs") / t.name)
     done = pool.run_task(t, out_dir, part, resume, device, progress=progress, speed=speed,
