@@ -28,9 +28,6 @@ RunsDir = Annotated[Path, typer.Option(help=RUNS_DIR)]
 Out = Annotated[Optional[Path], typer.Option(help="where the tables and plots go (the command says its default)")]
 Schemes = Annotated[Optional[List[str]], typer.Option(
     "--schemes", "--scheme", help="only these schemes, presets or layouts (comma-separated or repeated)")]
-GridSchemes = Annotated[Optional[List[str]], typer.Option(
-    "--schemes", "--scheme", help="only these schemes, presets or layouts (comma-separated or repeated); "
-                                  "SCHEME+randomized: a probe task's runs of SCHEME on randomized positions alone")]
 Param = Annotated[Optional[List[str]], typer.Option(help="scheme parameter KEY=VALUE (repeatable)")]
 Resume = Annotated[bool, typer.Option(help="continue interrupted work: trainings from their checkpoints; "
                                              "probe --model: keep the lengths already scored in --out")]

@@ -10,7 +10,7 @@ import typer
 
 from posbench import config, results
 from posbench.commands import console, failed, plain, say
-from posbench.commands.options import Device, GridSchemes, Out, Resume, load_plugins, names, settings, takes
+from posbench.commands.options import Device, Out, Resume, Schemes, load_plugins, names, settings, takes
 from posbench.errors import PosbenchError
 
 # its line in posbench/docs/commands.md, and the pages that explain it
@@ -29,7 +29,7 @@ def run(
     device: Device = "auto",
     speed: Annotated[bool, typer.Option("--speed/--no-speed", help="time the attention kernels too")] = True,
     seeds: Annotated[Optional[str], typer.Option(help="seeds instead of the task's, e.g. 0,1,2 or 0-3 (same run_ids)")] = None,
-    schemes: GridSchemes = None,
+    schemes: Schemes = None,
     workers: Annotated[Optional[str], typer.Option(
         help="N | auto: the runs on N processes of this machine, each with its share of the cores or GPU memory "
              "(default: the task's, 1)")] = None,
@@ -44,7 +44,8 @@ def run(
 ) -> dict[str, pd.DataFrame]:
     """Run a whole grid: train every scheme x seed, extrapolate, time kernels, write the report
     (--out, default runs/TASK). Exit 1 when a run failed (NaN loss, a kernel the device refused):
-    the others are trained, evaluated and reported.
+    the others are trained, evaluated and reported. --schemes takes the tables' labels: in a probe
+    task, SCHEME+randomized is SCHEME's runs on randomized positions alone.
 
     Returns every table of the output folder by name; `attrs` of the runs table: what was done
     (`done`, with the failed runs' ids in `done["failed"]`), the folder (`out`) and the wall time
