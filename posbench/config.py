@@ -28,6 +28,7 @@ from posbench.schemes.rotary import SCALINGS
 TASK_VERSION = 1
 EVAL_MODES = ("nonoverlap", "sliding")
 DTYPES = ("float32", "bfloat16")
+RANDOMIZED = "+randomized"  # the label of a scheme's probe runs on randomized positions
 COMPILE = ("auto", "on", "off")  # torch.compile of the training forward; auto: on for CUDA
 TRACKERS = ("none", "tensorboard", "wandb")  # posbench.trackers
 SCHEDULES = ("cosine", "constant")  # the lr after warm-up (posbench.training.lr_at)
@@ -216,7 +217,7 @@ class ProbesConfig:
         every cell unless `cells` names some."""
         from posbench.probes import probe_name
 
-        return not self.cells or f"{probe_name(probe)}:{scheme}{'+randomized' * randomized}" in self.cells
+        return not self.cells or f"{probe_name(probe)}:{scheme}{RANDOMIZED * randomized}" in self.cells
 
 
 @dataclass(frozen=True)
@@ -307,9 +308,9 @@ class Task:
         check_extend_pairings(self)
         for cell in self.probes.cells:
             scheme = cell.partition(":")[2]
-            plain = scheme.removesuffix("+randomized")
+            plain = scheme.removesuffix(RANDOMIZED)
             if plain not in self.schemes or (scheme != plain and plain not in self.probes.randomized):
-                known = ", ".join([*self.schemes, *(f"{s}+randomized" for s in self.probes.randomized)])
+                known = ", ".join([*self.schemes, *(f"{s}{RANDOMIZED}" for s in self.probes.randomized)])
                 raise PosbenchError(f"[probes] cells: {cell!r} names scheme {scheme!r}, which the task does not "
                                     f"train (its schemes: {known})")
         for name, params in self.params.items():
@@ -555,15 +556,12 @@ def replace(obj, **changes):
     return new
 
 
-RANDOMIZED = "+randomized"  # the label of a scheme's probe runs on randomized positions
-
-
 def only_schemes(task: Task, wanted: tuple[str, ...]) -> Task:
     """The task of `posbench run --schemes`: the runs of the labels `wanted` alone, as the tables
     name them. A scheme (preset, layout) trains its plain runs; SCHEME+randomized trains only its
     probe runs on randomized positions (a probe task's, the scheme taking integer positions). A
     task's [probes] cells keep those of `wanted`. The run_ids are those of the whole task."""
-    from posbench.data import PROBES
+    from posbench.data import is_probe
     from posbench.probes import probe_name
 
     plain = tuple(w for w in wanted if not w.endswith(RANDOMIZED))
@@ -572,7 +570,7 @@ def only_schemes(task: Task, wanted: tuple[str, ...]) -> Task:
         raise PosbenchError(f"{randomized[0]}{RANDOMIZED}: task {task.name} trains no probe, and only probe "
                             "runs take randomized positions")
     alone = [s for s in randomized if s not in plain]
-    if alone and probe_name(str(task.data.spec)) not in PROBES:
+    if alone and not is_probe(task.data):
         raise PosbenchError(f"{alone[0]}{RANDOMIZED} without {alone[0]}: task {task.name} trains {alone[0]} on "
                             f"its data ({task.data.spec}) as well; name both")
     probes = dataclasses.replace(task.probes, randomized=randomized)
