@@ -97,7 +97,7 @@ class Stack:
         the members' own; nothing has then changed but the `.grad` of their parameters."""
         lead, dev, t = runs[0], runs[0].dev, runs[0].spec.train
         try:
-            with autocast(dev, t.dtype), _unbatched_kernels_quiet():
+            with autocast(dev, t.dtype), _unbatched_kernels_quiet(), stacked_kernels(dev):
                 models = [r.model for r in runs]
                 live = tuple(r.spec.run_id for r in runs)
                 if live not in self.differing:  # buffers are fixed: compared once (a sync each on a GPU)
@@ -173,6 +173,19 @@ def _stacked_losses(lead: torch.nn.Module, models: list[torch.nn.Module], drawn:
 
     return vmap(loss, in_dims=(0, 0, 0, 0, None if shared else 0))(stacked, tokens, targets, masks,
                                                                    None if shared else pos)
+
+
+def stacked_kernels(dev) -> contextlib.AbstractContextManager:
+    """The attention kernels of a stacked forward. On CUDA, SDPA's math backend: under vmap the
+    memory-efficient kernel's backward refuses the log-sum-exp that vmap's folding of members into
+    the batch hands it (measured on an H200, torch 2.11: "LSE is not correctly aligned (strideH)",
+    and every ensemble fell back), while the math backend's products and softmax batch over the
+    members as over the batch. Elsewhere SDPA chooses as it always does."""
+    if torch.device(dev).type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.MATH])
 
 
 @contextlib.contextmanager

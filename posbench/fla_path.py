@@ -16,7 +16,8 @@ How posbench's quantities map onto fla's arguments (fla lays tensors out (B, T, 
 - path, path-fox: `parallel_path_attn(q, k, v, w, beta, g, scale)` scales the content logits and
   the gate together, scale (A_ij + G_i - G_j); posbench adds its gate c (already scaled for
   path-fox's default scaled_gate=true) after scaling, so g is c's differences divided by scale.
-  w (unit rows) and beta in (0, 2) are the scheme's content hook's.
+  w (unit rows) and beta in (0, 2) are the scheme's content hook's; w, beta and g go in float32,
+  as the kernel requires, whatever the dtype of q, k and v.
 """
 
 from __future__ import annotations
@@ -77,7 +78,9 @@ def attend(q, k, v, scheme, gate: torch.Tensor | None = None, content: Any = Non
     else:  # path, path-fox
         w, beta = content
         g = torch.zeros_like(beta) if gate is None else log_gates(gate) / scale
-        out = ops["path"](qt, kt, vt, fla_layout(w).to(qt.dtype), fla_layout(beta).to(qt.dtype),
-                          fla_layout(g), scale=scale)
+        # fla keeps PaTH's Householder vectors, their strengths and the gate in float32 whatever
+        # q, k and v are (its kernel refuses others: bfloat16 would cost the products' precision).
+        out = ops["path"](qt, kt, vt, fla_layout(w).float(), fla_layout(beta).float(),
+                          fla_layout(g).float(), scale=scale)
         out = out[0] if isinstance(out, tuple) else out  # the kernel also returns its key cache
     return out.transpose(1, 2).to(v.dtype)

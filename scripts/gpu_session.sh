@@ -4,7 +4,8 @@
 # split a part over calls). Run from the repository root, with
 # posbench importable (installed, or PYTHONPATH set to the root on a machine with no package index):
 #
-#   bash scripts/gpu_session.sh check    OUT   # environment; the CUDA, compile and flex tests
+#   bash scripts/gpu_session.sh check    OUT   # environment; the CUDA, compile and flex tests,
+#                                              # then the whole suite (FULL=0 leaves it out)
 #   bash scripts/gpu_session.sh speed    OUT [LENGTHS]   # posbench speed, bfloat16, compiled, 11
 #                                                       # schemes (or SCHEMES=a,b), 4096 and 16384
 #                                                       # (or LENGTHS); speed.csv into OUT and
@@ -14,7 +15,8 @@
 #   bash scripts/gpu_session.sh probes   OUT [SECONDS]   # the probe-seeds grid on --workers auto,
 #                                                       # eager, stopped after SECONDS (default 540);
 #                                                       # a later call goes on (--resume) where it stopped
-#   bash scripts/gpu_session.sh ensemble OUT   # 8 seeds of the quick task alone, then stacked (--ensemble)
+#   bash scripts/gpu_session.sh ensemble OUT   # seeds of the quick task alone (SOLO_SEEDS), then
+#                                              # stacked (SEEDS, --ensemble)
 #
 # Each part writes a log and one tar.gz of its results into OUT (a few files: what a remote
 # command can hand back) and prints the tables. SMOKE=1 runs every part on CPU at toy sizes: it
@@ -75,9 +77,11 @@ EOF
     # posbench runs from its source folder), the hf: loader's tests are left out.
     keep=()
     python3 -c "import datasets" 2>/dev/null || { keep=(-k "not hf"); echo "no datasets: hf tests left out"; }
-    python3 -m pytest -q -p no:cacheprovider -k "cuda or compile or flex or fla" --junitxml="$work/gpu-tests.xml" || true
+    python3 -c "import xdist" 2>/dev/null && few=(-n 4) || few=()
+    python3 -m pytest -q -p no:cacheprovider "${few[@]}" -k "cuda or compile or flex or fla" --junitxml="$work/gpu-tests.xml" || true
     spread=()
     python3 -c "import xdist" 2>/dev/null && spread=(-n 8)
+    [ "${FULL:-1}" = 0 ] && { echo "FULL=0: the whole suite left out"; pack; exit 0; }
     timeout 420 python3 -m pytest -q -p no:cacheprovider "${spread[@]}" "${keep[@]}" -m "not slurm" \
         --junitxml="$work/all-tests.xml" || true
     ;;
@@ -164,10 +168,13 @@ probes)
     ;;
 ensemble)
     # The seeds SEEDS (default 0-7) of SCHEME (default rope) on the quick task, STEPS steps (default
-    # 200): trained one after another as solo runs (compiled on CUDA, as by default), then as one
-    # stacked model (--ensemble, eager); the wall time of each and every run's tokens/s. The run_ids
-    # are the same: each mode writes its own folder.
+    # 200): SOLO_SEEDS of them (default all) trained one after another as solo runs (compiled on
+    # CUDA, as by default), then SEEDS as one stacked model (--ensemble, eager); the wall time of
+    # each and every run's tokens/s, whole (first step and compilation included) and steady (the
+    # steps after the first tenth, from log.csv). The run_ids are the same: each mode writes its
+    # own folder.
     seeds="${SEEDS:-0-7}" scheme="${SCHEME:-rope}" steps="${STEPS:-200}" task=quick
+    solo="${SOLO_SEEDS:-$seeds}"
     members=$(python3 -c "from posbench.config import parse_seeds; print(len(parse_seeds('$seeds')))")
     if [ "$smoke" = 1 ]; then
         shrink tasks/quick.toml "$work/quick-smoke.toml" d_model=32 n_layers=1 eval_interval=3 \
@@ -176,7 +183,8 @@ ensemble)
     fi
     for mode in off "$members"; do
         began=$(date +%s.%N)
-        pb train --scheme "$scheme" --task "$task" --seeds "$seeds" --ensemble "$mode" --steps "$steps" \
+        which="$seeds"; [ "$mode" = off ] && which="$solo"
+        pb train --scheme "$scheme" --task "$task" --seeds "$which" --ensemble "$mode" --steps "$steps" \
             --device "$device" --runs-dir "$work/ensemble-$mode"
         echo "ensemble $mode: wall $(python3 -c "print(f'{$(date +%s.%N) - $began:.1f}')") s"
     done
@@ -185,15 +193,31 @@ import csv, sys
 from pathlib import Path
 work, members = Path(sys.argv[1]), sys.argv[2]
 # Training seconds: the solo runs' add up; an ensemble's members share theirs (each counts every step).
-print("mode | runs | ensemble | compile | tokens/s per run (mean) | tokens/s of all runs | final train loss (mean)")
+print("mode | runs | ensemble | compile | tokens/s per run (mean) | tokens/s of all runs, whole | "
+      "steady | final train loss (mean)")
+steady_of = {}
 for mode in ("off", members):
     rows = list(csv.DictReader(open(work / f"ensemble-{mode}" / "runs.csv")))
     rate = sum(float(r["tokens_per_second"]) for r in rows) / len(rows)
     seconds = [float(r["train_seconds"]) for r in rows]
     whole = sum(float(r["tokens"]) for r in rows) / (sum(seconds) if mode == "off" else max(seconds))
+    steady = []
+    for r in rows:
+        log = list(csv.DictReader(open(work / f"ensemble-{mode}" / r["run_id"] / "log.csv")))
+        k = len(log) // 10
+        steady.append((float(log[-1]["tokens"]) - float(log[k]["tokens"]))
+                      / max(float(log[-1]["seconds"]) - float(log[k]["seconds"]), 1e-9))
+    # Solo runs go one after another: their rates are each one process's. Stacked members share
+    # their steps: all of them together move members times one member's rate. An ensemble that
+    # fell back (its rows' ensemble column empty) trained its members one after another too.
+    stacked = mode != "off" and all(r["ensemble"] == members for r in rows)
+    if mode != "off" and not stacked:
+        print(f"ensemble {members}: fell back, its members trained one after another (see the note above)")
+    steady_of[mode] = sum(steady) / len(steady) * (len(rows) if stacked else 1)
     loss = sum(float(r["final_train_loss"]) for r in rows) / len(rows)
     print(mode, "|", len(rows), "|", {r["ensemble"] for r in rows}, "|", {r["compile"] for r in rows}, "|",
-          f"{rate:,.0f}", "|", f"{whole:,.0f}", "|", f"{loss:.4f}")
+          f"{rate:,.0f}", "|", f"{whole:,.0f}", "|", f"{steady_of[mode]:,.0f}", "|", f"{loss:.4f}")
+print(f"stacked / one solo process, steady tokens/s: {steady_of[members] / steady_of['off']:.2f}x")
 EOF
     ;;
 *)

@@ -39,15 +39,19 @@ def largest_difference(a: dict, b: dict) -> float:
 
 # --- one stacked step equals each member's own ------------------------------------------------
 
+@pytest.mark.parametrize("kernels", ["cpu", "cuda"])
 @pytest.mark.parametrize("scheme", ["none", "rope", "alibi", "fope"])
-def test_a_member_computes_what_its_model_computes_alone(scheme):
+def test_a_member_computes_what_its_model_computes_alone(scheme, kernels):
+    """`kernels`: the attention kernels a stacked forward takes on that device (on CUDA, SDPA's
+    math backend), here on CPU tensors: both batch over the members."""
     models = [tiny_model(scheme, seed=s).train() for s in range(3)]
     # fope's Fourier coefficients are buffers drawn from the seed: stacked, not the first member's
     assert bool(ensemble.differing_buffers(models)) == (scheme == "fope")
     gen = torch.Generator().manual_seed(0)
     drawn = [batches.Batch(x, torch.randint(0, 50, (4, 16), generator=gen), None, None)
              for x in torch.randint(0, 50, (3, 4, 16), generator=gen)]
-    stacked = ensemble._stacked_losses(models[0], models, drawn)
+    with ensemble.stacked_kernels(kernels):
+        stacked = ensemble._stacked_losses(models[0], models, drawn)
     stacked.sum().backward()
     grads = [{k: p.grad.clone() for k, p in m.named_parameters()} for m in models]
     for model, batch, loss, grad in zip(models, drawn, stacked, grads):

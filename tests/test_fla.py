@@ -111,3 +111,21 @@ def test_cuda_fla_kernels_equal_the_explicit_path(name):
     for g, fla_g in zip(grads, fla_grads):
         if g is not None:
             assert torch.allclose(fla_g, g, atol=1e-2, rtol=1e-2), (fla_g - g).abs().max()
+
+
+@pytest.mark.parametrize("name", ["path", "path-fox"])
+def test_paths_vectors_strengths_and_gate_reach_the_kernel_in_float32(name):
+    """fla's PaTH kernel refuses w, beta and g in any dtype but float32 (bfloat16 training on CUDA
+    would fall back to eager, then fail): they go in float32 whatever q, k and v are."""
+    scheme, x, (q, k, v) = layer_inputs(name)
+    seen = {}
+
+    def path(qt, kt, vt, w, beta, g, scale):
+        seen.update(q=qt.dtype, w=w.dtype, beta=beta.dtype, g=g.dtype)
+        return torch.zeros_like(vt), None
+
+    gate = scheme.gate(x, 0) if "gate" in scheme.hooks else None
+    q, k, v = (t.detach().bfloat16() for t in (q, k, v))
+    out = fla_path.attend(q, k, v, scheme, gate, scheme.content(x, 0), ops={"path": path})
+    assert seen == {"q": torch.bfloat16, "w": torch.float32, "beta": torch.float32, "g": torch.float32}
+    assert out.dtype == torch.bfloat16 and out.shape == v.shape
