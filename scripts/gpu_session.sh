@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The GPU checks of posbench/docs/gpu.md, in four parts, each meant to end within ten minutes on one
-# GPU (an estimate; on an H200 speed took 70 s a length for 7 schemes; speed takes LENGTHS and standard SCHEMES to
-# split a part over calls). Run from the repository root, with
+# The GPU checks of posbench/docs/gpu.md, in parts, each meant to end within ten minutes on one GPU
+# (on an H200, compiled, speed took 144 s for five schemes at one length, both passes: speed takes
+# LENGTHS and SCHEMES, standard SCHEMES, to split a part over calls; loan runs a prepared plan). Run from the repository root, with
 # posbench importable (installed, or PYTHONPATH set to the root on a machine with no package index):
 #
 #   bash scripts/gpu_session.sh check    OUT   # environment; the CUDA, compile and flex tests,
@@ -17,6 +17,8 @@
 #                                                       # a later call goes on (--resume) where it stopped
 #   bash scripts/gpu_session.sh ensemble OUT   # seeds of the quick task alone (SOLO_SEEDS), then
 #                                              # stacked (SEEDS, --ensemble)
+#   bash scripts/gpu_session.sh loan     OUT   # one loan: the CUDA tests, ensemble, then speed
+#                                              # steps (PLAN), within BUDGET seconds
 #
 # Each part writes a log and one tar.gz of its results into OUT (a few files: what a remote
 # command can hand back) and prints the tables. SMOKE=1 runs every part on CPU at toy sizes: it
@@ -24,7 +26,7 @@
 # flash-linear-attention cannot be installed (no package index), FLA=FOLDER puts a folder made by
 # `pip install --target FOLDER flash-linear-attention==0.6.0 fla-core==0.6.0 einops` on the path.
 set -euo pipefail
-part="${1:?part: check | speed | train | standard | probes | ensemble}"
+part="${1:?part: check | speed | train | standard | probes | ensemble | loan}"
 out="${2:?output folder}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -220,8 +222,41 @@ for mode in ("off", members):
 print(f"stacked / one solo process, steady tokens/s: {steady_of[members] / steady_of['off']:.2f}x")
 EOF
     ;;
+loan)
+    # One device loan's worth in one call, each step under its own time limit so that a slow step
+    # costs only itself: the CUDA tests alone (-k cuda), the ensemble part (SEEDS=0-9, two solo
+    # runs), then the speed steps of PLAN ("SCHEMES:LENGTH ...", default the rows results/speed
+    # still lacks), within BUDGET seconds (default 540) in all. A step starts only with at least
+    # 60 s left. OUT receives at most eight files (what a remote call hands back): each step's log,
+    # the tests' and the ensemble's archives, and speed.csv with every row measured so far.
+    budget="${BUDGET:-540}"
+    plan="${PLAN:-none,kerple,fire,fox,path,rope@w,rnope-swa:4096 none,rope,alibi,t5,stickbreaking:16384}"
+    scratch="${TMPDIR:-/tmp}/posbench-loan-$$"  # outside OUT: only the files below travel back
+    mkdir -p "$scratch"
+    step() {  # step NAME CAP COMMAND...: run under min(CAP, what is left) seconds
+        local name=$1 cap=$2 left
+        shift 2
+        left=$(( budget - ($(date +%s) - start) ))
+        (( left < 60 )) && { echo "step $name: not started, $left s left"; return; }
+        (( cap > left )) && cap=$left
+        echo "step $name: up to $cap s"
+        timeout -k 5 "$cap" "$@" > "$out/$name.log" 2>&1 || echo "step $name: exit $? (timeout: 124)"
+        tail -25 "$out/$name.log"
+    }
+    step tests 90 python3 -m pytest -q -p no:cacheprovider -k cuda --junitxml="$out/tests.xml"
+    SEEDS=0-9 SOLO_SEEDS=0-1 step ensemble 120 bash "$0" ensemble "$scratch/e"
+    [ -f "$scratch/e/ensemble.tar.gz" ] && cp "$scratch/e/ensemble.tar.gz" "$out/"
+    n=0
+    for item in $plan; do
+        n=$((n + 1))
+        SCHEMES="${item%%:*}" step "speed$n" 240 bash "$0" speed "$scratch/s$n" "${item##*:}"
+    done
+    [ -f results/speed/speed.csv ] && cp results/speed/speed.csv "$out/"
+    echo "loan: $(( $(date +%s) - start )) s of $budget"
+    exit 0
+    ;;
 *)
-    echo "unknown part: $part (check | speed | train | standard | probes | ensemble)" >&2
+    echo "unknown part: $part (check | speed | train | standard | probes | ensemble | loan)" >&2
     exit 2
     ;;
 esac
