@@ -151,7 +151,8 @@ probes)
     # Probe runs are small: one CPU thread each drives the GPU, so runs go side by side on worker
     # processes (`posbench run --workers auto`: as many as the GPU's free memory holds at about 8 GB
     # each, the longest expected run first). SEEDS (default 3-9: seeds 0-2 are in
-    # results/probes/seeds) chooses the seeds; WORKERS a number instead of auto; ENSEMBLE the
+    # results/probes/seeds; a CPU grid that goes on beside it takes the seeds from 4 up, so a loan
+    # takes them from 9 down) chooses the seeds; WORKERS a number instead of auto; ENSEMBLE the
     # --ensemble setting (default off: each run alone, as results/probes/seeds). Runs cut short keep
     # their checkpoints in $out/probes/probes (kept between calls on one machine) and a later call
     # continues them (--resume).
@@ -162,10 +163,15 @@ probes)
             checkpoint_interval=2 trials=2
         task="$work/probe-seeds-smoke.toml" workers="${WORKERS:-2}"
     fi
+    # The whole runs that results/probes/seeds/arriving already holds are not trained again.
+    arriving=results/probes/seeds/arriving
+    [ "$smoke" != 1 ] && [ -f "$arriving/runs.csv" ] && pb report "$work/probes" --merge "$arriving" >/dev/null
+    finished() { grep -c ',ok,' "$work/probes/runs.csv" 2>/dev/null || echo 0; }
+    before=$(finished)
     TORCHINDUCTOR_COMPILE_THREADS=1 timeout --signal=INT --kill-after=90 "$limit" \
         python3 -m posbench run "$task" --workers "$workers" --seeds "$seeds" --device "$device" \
             --compile off --ensemble "${ENSEMBLE:-off}" --no-speed --resume --out "$work/probes" || true
-    echo "probe-seeds: $(grep -c ',ok,' "$work/probes/runs.csv" 2>/dev/null || echo 0) runs finished"
+    echo "probe-seeds: $(( $(finished) - before )) runs finished in this call"
     [ -f "$work/probes/runs.csv" ] && pb report "$work/probes"
     ;;
 ensemble)
@@ -225,11 +231,13 @@ EOF
 loan)
     # One device loan's worth in one call, each step under its own time limit so that a slow step
     # costs only itself: the CUDA tests alone (-k cuda), the ensemble part (SEEDS=0-9, two solo
-    # runs), then the speed steps of PLAN ("SCHEMES:LENGTH ...", default the rows results/speed
-    # still lacks), within BUDGET seconds (default 540) in all. A step starts only with at least
-    # 60 s left. OUT receives at most eight files (what a remote call hands back): each step's log,
-    # the tests' and the ensemble's archives, and speed.csv with every row measured so far.
-    budget="${BUDGET:-540}"
+    # runs), the probes part for PROBE_SECONDS (default 240; PROBE_SEEDS, default 9,8,7), then the
+    # speed steps of PLAN ("SCHEMES:LENGTH ...", default the rows results/speed still lacks),
+    # within BUDGET seconds (default 540) in all. A step starts only with at least 60 s left.
+    # OUT receives six files (a remote call hands back eight at most): loan.log with the end of
+    # every step's output, tests.xml, ensemble.tar.gz, the probe runs' runs.csv and probes.csv,
+    # and speed.csv with every row measured so far.
+    budget="${BUDGET:-540}" probe_seconds="${PROBE_SECONDS:-240}"
     plan="${PLAN:-none,kerple,fire,fox,path,rope@w,rnope-swa:4096 none,rope,alibi,t5,stickbreaking:16384}"
     scratch="${TMPDIR:-/tmp}/posbench-loan-$$"  # outside OUT: only the files below travel back
     mkdir -p "$scratch"
@@ -240,12 +248,19 @@ loan)
         (( left < 60 )) && { echo "step $name: not started, $left s left"; return; }
         (( cap > left )) && cap=$left
         echo "step $name: up to $cap s"
-        timeout -k 5 "$cap" "$@" > "$out/$name.log" 2>&1 || echo "step $name: exit $? (timeout: 124)"
-        tail -25 "$out/$name.log"
+        timeout -k 5 "$cap" "$@" > "$scratch/$name.log" 2>&1 || echo "step $name: exit $? (timeout: 124)"
+        tail -25 "$scratch/$name.log"
     }
     step tests 90 python3 -m pytest -q -p no:cacheprovider -k cuda --junitxml="$out/tests.xml"
     SEEDS=0-9 SOLO_SEEDS=0-1 step ensemble 120 bash "$0" ensemble "$scratch/e"
     [ -f "$scratch/e/ensemble.tar.gz" ] && cp "$scratch/e/ensemble.tar.gz" "$out/"
+    if (( probe_seconds > 0 )); then
+        SEEDS="${PROBE_SEEDS:-9,8,7}" step probes $(( probe_seconds + 100 )) \
+            bash "$0" probes "$scratch/p" "$probe_seconds"
+        for table in runs probes; do
+            [ -f "$scratch/p/probes/probes/$table.csv" ] && cp "$scratch/p/probes/probes/$table.csv" "$out/"
+        done
+    fi
     n=0
     for item in $plan; do
         n=$((n + 1))
