@@ -11,6 +11,7 @@ import pandas as pd
 from rich.table import Table
 
 from posbench import effective, machine, results, stats
+from posbench.config import RANDOMIZED
 from posbench.errors import PosbenchError
 
 
@@ -45,7 +46,7 @@ def label(row) -> str:
     if "float" in (str(row.get("randomized")), str(row.get("position_sampling"))):
         out += "+rfs"
     elif str(row.get("randomized", "False")) == "True" or pd.to_numeric(row.get("position_draws"), errors="coerce") > 0:
-        out += "+randomized"
+        out += RANDOMIZED
     return out
 
 
