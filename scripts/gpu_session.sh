@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks of posbench/docs/gpu.md, in parts, each meant to end within ten minutes on one GPU
 # (on an H200, compiled, speed took 144 s for five schemes at one length, both passes: speed takes
-# LENGTHS and SCHEMES, standard SCHEMES, to split a part over calls; loan runs a prepared plan). Run from the repository root, with
-# posbench importable (installed, or PYTHONPATH set to the root on a machine with no package index):
+# LENGTHS and SCHEMES, standard SCHEMES, to split a part over calls; loan runs a prepared plan).
+# Run from the repository root, with posbench importable (installed, or PYTHONPATH set to the root
+# on a machine with no package index):
 #
 #   bash scripts/gpu_session.sh check    OUT   # environment; the CUDA, compile and flex tests,
 #                                              # then the whole suite (FULL=0 leaves it out)
@@ -36,6 +37,16 @@ exec > >(tee "$out/$part.log") 2>&1
 export PYTHONUNBUFFERED=1
 [ -n "${FLA:-}" ] && export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$(cd "$FLA" && pwd)"
 pb() { python3 -m posbench "$@"; }
+# The steady rate of a run, for the summaries below (piped ahead of their code): tokens/s over the
+# steps after the first tenth, from its log.csv, so neither compilation nor the first step counts.
+steady_rate='
+import csv
+def steady(run_dir):
+    log = list(csv.DictReader(open(run_dir / "log.csv")))
+    k = len(log) // 10
+    return (float(log[-1]["tokens"]) - float(log[k]["tokens"])) / max(
+        float(log[-1]["seconds"]) - float(log[k]["seconds"]), 1e-9)
+'
 
 smoke="${SMOKE:-0}"
 if [ "$smoke" = 1 ]; then
@@ -79,10 +90,9 @@ EOF
     # posbench runs from its source folder), the hf: loader's tests are left out.
     keep=()
     python3 -c "import datasets" 2>/dev/null || { keep=(-k "not hf"); echo "no datasets: hf tests left out"; }
-    python3 -c "import xdist" 2>/dev/null && few=(-n 4) || few=()
+    few=() spread=()  # side by side where pytest-xdist is there
+    python3 -c "import xdist" 2>/dev/null && few=(-n 4) spread=(-n 8)
     python3 -m pytest -q -p no:cacheprovider "${few[@]}" -k "cuda or compile or flex or fla" --junitxml="$work/gpu-tests.xml" || true
-    spread=()
-    python3 -c "import xdist" 2>/dev/null && spread=(-n 8)
     [ "${FULL:-1}" = 0 ] && { echo "FULL=0: the whole suite left out"; pack; exit 0; }
     timeout 420 python3 -m pytest -q -p no:cacheprovider "${spread[@]}" "${keep[@]}" -m "not slurm" \
         --junitxml="$work/all-tests.xml" || true
@@ -118,23 +128,22 @@ train)
     echo "recompilations logged (compile on): $(grep -c 'Recompiling function' "$work/compile-on.log" || true)"
     # tokens_per_second and mfu in runs.csv count the first step, compilation included; the
     # steady rate is read from log.csv over the steps after the first tenth.
-    python3 - "$work" <<'EOF'
-import csv, sys
+    { echo "$steady_rate"; cat <<'EOF'
+import sys
 from pathlib import Path
 work = Path(sys.argv[1])
 print("mode scheme compile backend | first step s | tokens/s whole, steady | mfu whole, steady of peak | final train loss")
 for mode in ("on", "off"):
     for row in csv.DictReader(open(work / f"compile-{mode}" / "runs.csv")):
-        log = list(csv.DictReader(open(work / f"compile-{mode}" / row["run_id"] / "log.csv")))
-        k = len(log) // 10
-        steady = (float(log[-1]["tokens"]) - float(log[k]["tokens"])) / max(
-            float(log[-1]["seconds"]) - float(log[k]["seconds"]), 1e-9)
-        whole = float(row["tokens_per_second"])
-        mfu = (f"{float(row['mfu']):.3f}, {float(row['mfu']) * steady / whole:.3f} of {row.get('mfu_peak') or '?'}"
+        run_dir = work / f"compile-{mode}" / row["run_id"]
+        rate, whole = steady(run_dir), float(row["tokens_per_second"])
+        first = float(next(csv.DictReader(open(run_dir / "log.csv")))["seconds"])
+        mfu = (f"{float(row['mfu']):.3f}, {float(row['mfu']) * rate / whole:.3f} of {row.get('mfu_peak') or '?'}"
                if row.get("mfu") else "-")
-        print(mode, row["scheme"], row["compile"], row["backend"], "|", f"{float(log[0]['seconds']):.1f}", "|",
-              f"{whole:,.0f}, {steady:,.0f}", "|", mfu, "|", row["final_train_loss"])
+        print(mode, row["scheme"], row["compile"], row["backend"], "|", f"{first:.1f}", "|",
+              f"{whole:,.0f}, {rate:,.0f}", "|", mfu, "|", row["final_train_loss"])
 EOF
+    } | python3 - "$work"
     ;;
 standard)
     schemes="${3:-none,rope}"
@@ -196,8 +205,8 @@ ensemble)
             --device "$device" --runs-dir "$work/ensemble-$mode"
         echo "ensemble $mode: wall $(python3 -c "print(f'{$(date +%s.%N) - $began:.1f}')") s"
     done
-    python3 - "$work" "$members" <<'EOF'
-import csv, sys
+    { echo "$steady_rate"; cat <<'EOF'
+import sys
 from pathlib import Path
 work, members = Path(sys.argv[1]), sys.argv[2]
 # Training seconds: the solo runs' add up; an ensemble's members share theirs (each counts every step).
@@ -209,24 +218,20 @@ for mode in ("off", members):
     rate = sum(float(r["tokens_per_second"]) for r in rows) / len(rows)
     seconds = [float(r["train_seconds"]) for r in rows]
     whole = sum(float(r["tokens"]) for r in rows) / (sum(seconds) if mode == "off" else max(seconds))
-    steady = []
-    for r in rows:
-        log = list(csv.DictReader(open(work / f"ensemble-{mode}" / r["run_id"] / "log.csv")))
-        k = len(log) // 10
-        steady.append((float(log[-1]["tokens"]) - float(log[k]["tokens"]))
-                      / max(float(log[-1]["seconds"]) - float(log[k]["seconds"]), 1e-9))
+    rates = [steady(work / f"ensemble-{mode}" / r["run_id"]) for r in rows]
     # Solo runs go one after another: their rates are each one process's. Stacked members share
     # their steps: all of them together move members times one member's rate. An ensemble that
     # fell back (its rows' ensemble column empty) trained its members one after another too.
     stacked = mode != "off" and all(r["ensemble"] == members for r in rows)
     if mode != "off" and not stacked:
         print(f"ensemble {members}: fell back, its members trained one after another (see the note above)")
-    steady_of[mode] = sum(steady) / len(steady) * (len(rows) if stacked else 1)
+    steady_of[mode] = sum(rates) / len(rates) * (len(rows) if stacked else 1)
     loss = sum(float(r["final_train_loss"]) for r in rows) / len(rows)
     print(mode, "|", len(rows), "|", {r["ensemble"] for r in rows}, "|", {r["compile"] for r in rows}, "|",
           f"{rate:,.0f}", "|", f"{whole:,.0f}", "|", f"{steady_of[mode]:,.0f}", "|", f"{loss:.4f}")
 print(f"stacked / one solo process, steady tokens/s: {steady_of[members] / steady_of['off']:.2f}x")
 EOF
+    } | python3 - "$work" "$members"
     ;;
 loan)
     # One device loan's worth in one call, each step under its own time limit so that a slow step
