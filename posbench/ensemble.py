@@ -179,8 +179,8 @@ def stacked_kernels(dev) -> contextlib.AbstractContextManager:
     """The attention kernels of a stacked forward. On CUDA, SDPA's math backend: under vmap the
     memory-efficient kernel's backward refuses the log-sum-exp that vmap's folding of members into
     the batch hands it (measured on an H200, torch 2.11: "LSE is not correctly aligned (strideH)",
-    and an ensemble of ten rope runs fell back), while the math backend's products and softmax batch over the
-    members as over the batch. Elsewhere SDPA chooses as it always does."""
+    and an ensemble of ten rope runs fell back), while the math backend's products and softmax
+    batch over the members as over the batch. Elsewhere SDPA chooses as it always does."""
     if torch.device(dev).type != "cuda":
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
