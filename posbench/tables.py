@@ -373,7 +373,8 @@ def _pair(text: str) -> tuple[str, str, str]:
 
 def pairs_table(dirs: list[Path], pairs: list[str], ratios: tuple[int, ...], task: str | None = None) -> str:
     """Per pair A:B:PROBE and ratio, each seed's accuracy difference A - B in points (variants
-    pooled), their mean with its 95% t-interval over seeds, the seeds favouring A and a verdict."""
+    pooled), their mean with its 95% t-interval over seeds, the exact paired permutation p (no
+    normality assumed), the seeds favouring A and a verdict (read from the t-interval)."""
     parsed = [_pair(p) for p in pairs]
     df = scored_frame(dirs, task)
     body = []
@@ -393,9 +394,12 @@ def pairs_table(dirs: list[Path], pairs: list[str], ratios: tuple[int, ...], tas
             ci = stats.mean_interval(diffs)
             interval = f"{ci.mean:+.0f} [{ci.lo:+.0f}, {ci.hi:+.0f}]" if len(seeds) > 1 else f"{ci.mean:+.0f}"
             by_seed = " / ".join(f"{d:+.1f}" if abs(d) < 0.5 else f"{d:+.0f}" for d in diffs)
+            perm = stats.permutation_test(diffs)
             body.append([a, b, probe, f"{ratio:g}x", str(len(seeds)), by_seed, interval,
+                         "" if math.isnan(perm) else f"{perm:.3f}",
                          f"{sum(d > 0 for d in diffs)} of {len(seeds)}", verdict(diffs, ci)])
-    head = ["A", "B", "probe", "ratio", "seeds", "A - B by seed", "mean [95%]", "seeds for A", "verdict"]
+    head = ["A", "B", "probe", "ratio", "seeds", "A - B by seed", "mean [95%]", "permutation p",
+            "seeds for A", "verdict"]
     return markdown_table(head, body)
 
 

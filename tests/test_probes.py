@@ -791,7 +791,8 @@ def test_probes_table_over_seeds_reads_folders_as_one(tmp_path):
         table("probes", every, schemes="rope")
     row = table("probes", folders, pairs="rope:none:copy", ratios="2").splitlines()[-1]
     gap = stats.mean_interval([20, 10, 30])  # rope's 30, 20, 40 against none's 10 in each seed
-    assert f"| rope | none | copy | 2x | 3 | +20 / +10 / +30 | +20 [{gap.lo:+.0f}, {gap.hi:+.0f}] | 3 of 3 |" in row
+    # the permutation p: 2 of the 8 sign flips of the seeds' differences reach |+60|
+    assert f"| rope | none | copy | 2x | 3 | +20 / +10 / +30 | +20 [{gap.lo:+.0f}, {gap.hi:+.0f}] | 0.250 | 3 of 3 |" in row
     assert row.endswith("| every seed, not the interval |")  # 3 seeds: t(2) makes it [-5, +45]
     with pytest.raises(PosbenchError, match="bad pair 'rope-none-copy': expected A:B:PROBE"):
         table("probes", folders, pairs="rope-none-copy")
