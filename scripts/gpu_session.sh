@@ -159,14 +159,17 @@ standard)
 probes)
     # Probe runs are small: one CPU thread each drives the GPU, so runs go side by side on worker
     # processes (`posbench run --workers auto`: as many as the GPU's free memory holds at about 8 GB
-    # each, the longest expected run first). SEEDS (default 3-9: seeds 0-2 are in
-    # results/probes/seeds; a CPU grid that goes on beside it takes the seeds from 4 up, so a loan
-    # takes them from 9 down) chooses the seeds; WORKERS a number instead of auto; ENSEMBLE the
-    # --ensemble setting (default off: each run alone, as results/probes/seeds). Runs cut short keep
-    # their checkpoints in $out/probes/probes (kept between calls on one machine) and a later call
-    # continues them (--resume).
+    # each, the longest expected run first). SEEDS (default 3-9) chooses the seeds; PROBE_SCHEMES
+    # the scheme labels (default all); WORKERS a number instead of auto; ENSEMBLE the --ensemble
+    # setting (default off: each run alone, as results/probes/seeds). Without PROBE_SCHEMES the
+    # whole runs of results/probes/seeds/arriving are merged first and not trained again; with it
+    # the runs are trained here whatever trained them elsewhere (a machine-against-machine check).
+    # Runs cut short keep their checkpoints in $out/probes/probes (kept between calls on one
+    # machine) and a later call continues them (--resume).
     limit="${3:-540}"
     task=probe-seeds seeds="${SEEDS:-3,4,5,6,7,8,9}" workers="${WORKERS:-auto}"
+    only=()
+    [ -n "${PROBE_SCHEMES:-}" ] && only=(--schemes "$PROBE_SCHEMES")
     if [ "$smoke" = 1 ]; then
         shrink tasks/probe-seeds.toml "$work/probe-seeds-smoke.toml" steps=4 eval_interval=2 \
             checkpoint_interval=2 trials=2
@@ -174,12 +177,13 @@ probes)
     fi
     # The whole runs that results/probes/seeds/arriving already holds are not trained again.
     arriving=results/probes/seeds/arriving
-    [ "$smoke" != 1 ] && [ -f "$arriving/runs.csv" ] && pb report "$work/probes" --merge "$arriving" >/dev/null
+    [ "$smoke" != 1 ] && [ -z "${PROBE_SCHEMES:-}" ] && [ -f "$arriving/runs.csv" ] \
+        && pb report "$work/probes" --merge "$arriving" >/dev/null
     finished() { grep -c ',ok,' "$work/probes/runs.csv" 2>/dev/null || echo 0; }
     before=$(finished)
     TORCHINDUCTOR_COMPILE_THREADS=1 timeout --signal=INT --kill-after=90 "$limit" \
         python3 -m posbench run "$task" --workers "$workers" --seeds "$seeds" --device "$device" \
-            --compile off --ensemble "${ENSEMBLE:-off}" --no-speed --resume --out "$work/probes" || true
+            --compile off --ensemble "${ENSEMBLE:-off}" "${only[@]}" --no-speed --resume --out "$work/probes" || true
     echo "probe-seeds: $(( $(finished) - before )) runs finished in this call"
     [ -f "$work/probes/runs.csv" ] && pb report "$work/probes"
     ;;
@@ -236,7 +240,8 @@ EOF
 loan)
     # One device loan's worth in one call, each step under its own time limit so that a slow step
     # costs only itself: the CUDA tests alone (-k cuda), the ensemble part (SEEDS=0-9, two solo
-    # runs), the probes part for PROBE_SECONDS (default 240; PROBE_SEEDS, default 9,8,7), then the
+    # runs), the probes part for PROBE_SECONDS (default 240: fox's seeds PROBE_SEEDS, default 3-9,
+    # trained here against their rows from a CPU in results/probes/seeds), then the
     # speed steps of PLAN ("SCHEMES:LENGTH ...", default the rows results/speed still lacks),
     # within BUDGET seconds (default 540) in all. A step starts only with at least 60 s left.
     # OUT receives six files (a remote call hands back eight at most): loan.log with the end of
@@ -260,7 +265,8 @@ loan)
     SEEDS=0-9 SOLO_SEEDS=0-1 step ensemble 120 bash "$0" ensemble "$scratch/e"
     [ -f "$scratch/e/ensemble.tar.gz" ] && cp "$scratch/e/ensemble.tar.gz" "$out/"
     if (( probe_seconds > 0 )); then
-        SEEDS="${PROBE_SEEDS:-9,8,7}" step probes $(( probe_seconds + 100 )) \
+        SEEDS="${PROBE_SEEDS:-3,4,5,6,7,8,9}" PROBE_SCHEMES="${PROBE_SCHEMES-fox}" \
+            step probes $(( probe_seconds + 100 )) \
             bash "$0" probes "$scratch/p" "$probe_seconds"
         for table in runs probes; do
             [ -f "$scratch/p/probes/probes/$table.csv" ] && cp "$scratch/p/probes/probes/$table.csv" "$out/"
