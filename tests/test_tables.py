@@ -23,7 +23,7 @@ SEED_PAIRS = ("none:rope:passkey,none:rope:multivalue,none:rope:vartrack,none:ro
               "kerple:none:copy,rope+randomized:rope:mqar,rope+randomized:rope:passkey,"
               "rope+randomized:rope:multivalue,rope+randomized:rope:vartrack,rope+randomized:rope:copy,"
               "rope+randomized:rope:sort,rope+randomized:rope+yarn:mqar,fox:rope:passkey,kerple:rope:passkey,"
-              "fox:fire:passkey,kerple:fire:passkey,kerple:rope:mqar")
+              "alibi:rope:passkey,kerple:fox:passkey,fox:fire:passkey,kerple:fire:passkey,kerple:rope:mqar")
 
 
 def markdown_tables(text: str) -> list[str]:
