@@ -162,8 +162,8 @@ probes)
     # each, the longest expected run first). SEEDS (default 3-9) chooses the seeds; PROBE_SCHEMES
     # the scheme labels (default all); WORKERS a number instead of auto; ENSEMBLE the --ensemble
     # setting (default off: each run alone, as results/probes/seeds). Without PROBE_SCHEMES the
-    # whole runs of results/probes/seeds/arriving are merged first and not trained again; with it
-    # the runs are trained here whatever trained them elsewhere (a machine-against-machine check).
+    # runs results/probes/seeds already holds are merged first and not trained again; with it the
+    # runs are trained here whatever trained them elsewhere (a machine-against-machine check).
     # Runs cut short keep their checkpoints in $out/probes/probes (kept between calls on one
     # machine) and a later call continues them (--resume).
     limit="${3:-540}"
@@ -175,10 +175,8 @@ probes)
             checkpoint_interval=2 trials=2
         task="$work/probe-seeds-smoke.toml" workers="${WORKERS:-2}"
     fi
-    # The whole runs that results/probes/seeds/arriving already holds are not trained again.
-    arriving=results/probes/seeds/arriving
-    [ "$smoke" != 1 ] && [ -z "${PROBE_SCHEMES:-}" ] && [ -f "$arriving/runs.csv" ] \
-        && pb report "$work/probes" --merge "$arriving" >/dev/null
+    [ "$smoke" != 1 ] && [ -z "${PROBE_SCHEMES:-}" ] \
+        && pb report "$work/probes" --merge results/probes/seeds >/dev/null
     finished() { grep -c ',ok,' "$work/probes/runs.csv" 2>/dev/null || echo 0; }
     before=$(finished)
     TORCHINDUCTOR_COMPILE_THREADS=1 timeout --signal=INT --kill-after=90 "$limit" \
