@@ -109,6 +109,25 @@ def mean_interval(values: Iterable[float], level: float = LEVEL) -> Interval:
     return Interval(mean, mean - half, mean + half, n, se)
 
 
+def projected_width(mean: float, sd: float, n: int, level: float = LEVEL) -> float:
+    """Width of the t-interval of a mean over n observations of standard deviation sd, clipped
+    to 0..1 as a table shows it: what a cell of that mean and spread would read with n seeds."""
+    half = t_quantile(level, n - 1) * sd / math.sqrt(n)
+    return min(mean + half, 1.0) - max(mean - half, 0.0)
+
+
+def seeds_for_width(cells: Sequence[tuple[float, float, int]], target: float, most: int = 50) -> int | None:
+    """The fewest seeds n (no fewer than any cell has now) at which the median of the cells' interval
+    widths is `target` or less, each cell's (mean, sd, seeds) held as measured and every cell given
+    n seeds: the projection of how many seeds a table needs. None past `most` or without cells."""
+    if not cells:
+        return None
+    for n in range(max(max(k for _, _, k in cells), 2), most + 1):
+        if quartiles(projected_width(m, sd, n) for m, sd, _ in cells)[1] <= target + 1e-12:
+            return n
+    return None
+
+
 def wilson(hits: int, trials: int, level: float = LEVEL) -> tuple[float, float]:
     """Wilson score interval of a proportion hits / trials; (NaN, NaN) without trials."""
     if trials <= 0:

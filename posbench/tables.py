@@ -285,7 +285,7 @@ def seeds_records(dirs: list[Path], ratios: tuple[int, ...], task: str | None = 
             record = {"probe": probe, "scheme": name, "seeds": rows["seed"].nunique(),
                       "learned": first[first["status"] != "not learned"]["seed"].nunique(),
                       "scored": first["seed"].nunique(), "steps": steps_cell(steps), "means": [], "cells": [],
-                      "medians": [], "holding": [], "widths": []}
+                      "medians": [], "holding": [], "widths": [], "spreads": []}
             at_one = seed_accuracy(first)["accuracy"].to_dict()
             for ratio in ratios:
                 per_seed = seed_accuracy(rows[rows["ratio"] == ratio])
@@ -293,6 +293,8 @@ def seeds_records(dirs: list[Path], ratios: tuple[int, ...], task: str | None = 
                 record["means"].append(mean)
                 record["cells"].append(cell)
                 record["widths"].append(width)
+                record["spreads"].append((mean, stats.std(list(per_seed["accuracy"])), len(per_seed))
+                                         if width is not None else None)
                 record["medians"].append(quartiles_cell(per_seed["accuracy"]) if len(per_seed) > 1 else "")
                 record["holding"].append(holding_cell(at_one, per_seed["accuracy"].to_dict()) if ratio > 1 else "")
             out.append(record)
@@ -324,15 +326,31 @@ def seeds_table(records: list[dict], ratios: tuple[int, ...]) -> str:
     return markdown_table(head, body) + width_line(records, ratios)
 
 
+WIDTH_TARGET = 0.15  # the median interval width a table over seeds is read as settled at
+
+
 def width_line(records: list[dict], ratios: tuple[int, ...]) -> str:
     """How settled the table is: per ratio, the median width of the cells' 95% intervals over
-    seeds, in points (as shown: clipped to 0..100; cells of two seeds or more)."""
-    said = []
+    seeds, in points (as shown: clipped to 0..100; cells of two seeds or more), and where it is
+    wider than WIDTH_TARGET, the seeds that would narrow it to that, each cell's mean and spread
+    held (records with `spreads`)."""
+    said, needs = [], []
     for k, ratio in enumerate(ratios):
         widths = [r["widths"][k] for r in records if r["widths"][k] is not None]
-        if widths:
-            said.append(f"{ratio}x {100 * statistics.median(widths):.0f} ({len(widths)} cells)")
-    return "\n\nMedian width of the 95% intervals over seeds, in points: " + ", ".join(said) + "." if said else ""
+        if not widths:
+            continue
+        said.append(f"{ratio}x {100 * statistics.median(widths):.0f} ({len(widths)} cells)")
+        spreads = [r["spreads"][k] for r in records if r.get("spreads") and r["spreads"][k] is not None]
+        if statistics.median(widths) > WIDTH_TARGET and spreads:
+            n = stats.seeds_for_width(spreads, WIDTH_TARGET)
+            needs.append(f"{ratio}x {n if n else 'more than 50'}")
+    if not said:
+        return ""
+    line = "\n\nMedian width of the 95% intervals over seeds, in points: " + ", ".join(said) + "."
+    if needs:
+        line += (f" Seeds for a median width of {100 * WIDTH_TARGET:.0f} points, each cell's mean and spread"
+                 " held (the interval narrows as t/sqrt(n)): " + ", ".join(needs) + ".")
+    return line
 
 
 def compact_table(records: list[dict], schemes: list[str] | None = None) -> str:

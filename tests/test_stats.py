@@ -120,3 +120,14 @@ def test_paired_permutation_test_exact():
     assert stats.permutation_test(d) == pytest.approx(0.015625)
     assert stats.permutation_test([0.1, 0.2, -0.3]) == pytest.approx(1.0)  # float ties are ties
     assert math.isnan(stats.permutation_test([1.0] * 13)) and math.isnan(stats.permutation_test([]))
+
+
+def test_seeds_for_a_width_project_each_cell_by_t_over_root_n():
+    # sd 0.2: the interval is 2 t(n-1) 0.2 / sqrt(n) wide; 0.15 needs t(n-1) / sqrt(n) <= 0.375:
+    # t(28) / sqrt(29) = 2.048 / 5.385 = 0.380 misses, t(29) / sqrt(30) = 2.045 / 5.477 = 0.373 meets
+    assert stats.projected_width(0.5, 0.2, 30) == pytest.approx(2 * 2.045 * 0.2 / math.sqrt(30), abs=1e-3)
+    assert stats.seeds_for_width([(0.5, 0.2, 3)], 0.15) == 30
+    assert stats.projected_width(0.98, 0.1, 10) < 2 * 2.262 * 0.1 / math.sqrt(10)  # clipped at 100%
+    # the median cell decides: two narrow cells outvote a wide one; never fewer seeds than a cell has
+    assert stats.seeds_for_width([(0.5, 0.2, 3), (0.5, 0.01, 10), (0.5, 0.01, 10)], 0.15) == 10
+    assert stats.seeds_for_width([(0.5, 0.5, 3)], 0.01) is None and stats.seeds_for_width([], 0.15) is None

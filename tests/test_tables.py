@@ -113,8 +113,15 @@ def test_the_table_over_seeds_says_how_wide_its_intervals_are():
     assert tables.width_line(records, (1, 2)) == ("\n\nMedian width of the 95% intervals over seeds, in points: "
                                                   "1x 5 (3 cells), 2x 30 (3 cells).")
     assert tables.width_line([{"widths": [None]}], (2,)) == ""
+    # a median cell of sd 0.2 at 30 points wide: 30 seeds bring it to 15 (tests/test_stats.py)
+    spread = [{"widths": [0.05, 0.30], "spreads": [(0.5, 0.02, 3), (0.5, 0.2, 3)]}] * 3
+    assert tables.width_line(spread, (1, 2)).endswith(
+        "1x 5 (3 cells), 2x 30 (3 cells). Seeds for a median width of 15 points, each cell's mean and spread"
+        " held (the interval narrows as t/sqrt(n)): 2x 30.")
     text = table("probes", RESULTS / "probes" / "seeds", seeds=True, task="probe-seeds", ratios="2")
-    width = float(text.rsplit("2x ", 1)[1].split()[0])
+    widths, projection = text.rsplit("Median width", 1)[1].split(" Seeds for")
+    width = float(widths.split("2x ", 1)[1].split()[0])
+    assert width > 15 and int(projection.rsplit("2x ", 1)[1].rstrip(".")) > 10  # wider: more seeds
     cells = [re.search(r"\[(\d+), (\d+)\]", line) for line in text.splitlines()[2:] if line.startswith("|")]
     spans = sorted(int(m[2]) - int(m[1]) for m in cells if m)
     assert abs(width - spans[len(spans) // 2]) <= 2  # the cells' own (rounded) widths agree
