@@ -119,7 +119,8 @@ def test_paired_permutation_test_exact():
     d = [12.0, 30.0, -5.0, 8.0, 0.0, 22.0, 15.0, -2.0, 40.0, 9.0]
     assert stats.permutation_test(d) == pytest.approx(0.015625)
     assert stats.permutation_test([0.1, 0.2, -0.3]) == pytest.approx(1.0)  # float ties are ties
-    assert math.isnan(stats.permutation_test([1.0] * 13)) and math.isnan(stats.permutation_test([]))
+    assert stats.permutation_test([1.0] * 15) == pytest.approx(2 / 2**15)  # only all-plus and all-minus
+    assert math.isnan(stats.permutation_test([1.0] * 21)) and math.isnan(stats.permutation_test([]))
 
 
 def test_seeds_for_a_width_project_each_cell_by_t_over_root_n():
