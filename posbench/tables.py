@@ -341,7 +341,7 @@ def width_line(records: list[dict], ratios: tuple[int, ...]) -> str:
             continue
         said.append(f"{ratio}x {100 * statistics.median(widths):.0f} ({len(widths)} cells)")
         spreads = [r["spreads"][k] for r in records if r.get("spreads") and r["spreads"][k] is not None]
-        if statistics.median(widths) > WIDTH_TARGET and spreads:
+        if round(100 * statistics.median(widths)) > round(100 * WIDTH_TARGET) and spreads:  # as printed
             n = stats.seeds_for_width(spreads, WIDTH_TARGET)
             needs.append(f"{ratio}x {n if n else 'more than 50'}")
     if not said:
