@@ -83,7 +83,9 @@ CASES = [
                          ids=[f"{c[1]}-{c[0].split('/')[0]}-{i}" for i, c in enumerate(CASES)])
 def test_each_readme_table_is_what_its_results_folder_gives(readme, name, folder, opts):
     path = REPO / readme if readme == "README.md" else RESULTS / readme
-    assert_in_readme(table(name, RESULTS / folder, **opts), path)
+    opts = dict(opts)
+    nth = opts.pop("nth", None)  # {i: k}: the i-th rendered table is the README's k-th of its header
+    assert_in_readme(table(name, RESULTS / folder, **opts), path, nth)
 
 
 def test_every_table_name_has_a_committed_readme_table_or_a_rendering_test():
