@@ -339,9 +339,10 @@ def width_line(records: list[dict], ratios: tuple[int, ...]) -> str:
         widths = [r["widths"][k] for r in records if r["widths"][k] is not None]
         if not widths:
             continue
-        said.append(f"{ratio}x {100 * statistics.median(widths):.0f} ({len(widths)} cells)")
+        median = round(100 * statistics.median(widths))  # as printed
+        said.append(f"{ratio}x {median} ({len(widths)} cells)")
         spreads = [r["spreads"][k] for r in records if r.get("spreads") and r["spreads"][k] is not None]
-        if round(100 * statistics.median(widths)) > round(100 * WIDTH_TARGET) and spreads:  # as printed
+        if median > round(100 * WIDTH_TARGET) and spreads:
             n = stats.seeds_for_width(spreads, WIDTH_TARGET)
             needs.append(f"{ratio}x {n if n else 'more than 50'}")
     if not said:
