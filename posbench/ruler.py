@@ -25,7 +25,7 @@ import re
 import string
 import uuid
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Callable
 
 from posbench.errors import PosbenchError, did_you_mean
@@ -300,16 +300,21 @@ def cwe(rng: random.Random, units: int, length: int, essay: Essay) -> Prompt:
 # --- frequent words (freq_words_extraction.py) -----------------------------------------------
 
 
-def zeta(alpha: float, terms: int = 10_000) -> float:
-    """Riemann's zeta at alpha > 1: the sum to `terms` and the Euler-Maclaurin tail."""
-    head = sum(k ** -alpha for k in range(1, terms + 1))
-    return head + terms ** (1 - alpha) / (alpha - 1) - terms ** -alpha / 2
+@cache
+def zeta(alpha: float, terms: int = 1000) -> float:
+    """Riemann's zeta at alpha > 1 (scipy.special.zeta in RULER): the first terms summed, the rest by
+    Euler-Maclaurin."""
+    head = sum(k ** -alpha for k in range(1, terms))
+    return head + terms ** (1 - alpha) / (alpha - 1) + terms ** -alpha / 2 + alpha * terms ** (-alpha - 1) / 12
 
 
-def zipf_counts(units: int, vocabulary: int, alpha: float = FWE_ALPHA) -> list[int]:
-    """How often the word of rank k appears among `units` words: int(units * k^-alpha / zeta(alpha))."""
+@cache
+def zipf_counts(units: int, vocabulary: int, alpha: float = FWE_ALPHA) -> tuple[int, ...]:
+    """How often the word of rank k = 1..`vocabulary` appears among `units` words:
+    int(units * k^-alpha / zeta(alpha)), RULER's freq_words_extraction.py. Cached: every prompt of a
+    size draws the same counts."""
     z = zeta(alpha)
-    return [int(units * k ** -alpha / z) for k in range(1, vocabulary + 1)]
+    return tuple(int(units * k ** -alpha / z) for k in range(1, vocabulary + 1))
 
 
 def fwe(rng: random.Random, units: int, length: int) -> Prompt:

@@ -26,27 +26,14 @@ order needs only the words.
 
 from __future__ import annotations
 
-
 from posbench.errors import PosbenchError
 from posbench.probes.base import Probe, Text, register
 from posbench.probes.retrieval import listed
 from posbench.probes.symbols import KEYS, VALUES
+from posbench.ruler import zipf_counts
 
 POOL = (*KEYS, *VALUES)  # the words of an aggregation text
 NOISE = "."  # fwe's most frequent word, as RULER's '...'
-
-
-def zeta(alpha: int, terms: int = 1000) -> float:
-    """Riemann's zeta at alpha > 1: the first terms summed, the rest by Euler-Maclaurin."""
-    head = sum(k ** -alpha for k in range(1, terms))
-    return head + terms ** (1 - alpha) / (alpha - 1) + terms ** -alpha / 2 + alpha * terms ** (-alpha - 1) / 12
-
-
-def zipf_counts(n: int, alpha: int, ranks: int) -> list[int]:
-    """RULER's counts of the 1st..`ranks`-th most frequent word of a text of about n words:
-    floor(n k^-alpha / zeta(alpha))."""
-    z = zeta(alpha)
-    return [int(n * k ** -alpha / z) for k in range(1, ranks + 1)]
 
 
 def answer_tokens(answers: int) -> int:
@@ -119,7 +106,7 @@ class FrequentWords(Probe):
 
     def counts(self, n: int) -> list[int]:
         """The counts of the noise and the words, most frequent first, those that occur at all."""
-        return [c for c in zipf_counts(n, self.alpha, len(POOL) + 1) if c > 0]
+        return [c for c in zipf_counts(n, len(POOL) + 1, self.alpha) if c > 0]
 
     def valid(self, n: int) -> bool:
         """Whether N = n ranks the answers strictly: each answer word, and the first word after
