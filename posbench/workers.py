@@ -1,5 +1,6 @@
 """`posbench run TASK --workers N|auto`: the runs of a grid (of its shard, after `--shard`) on N
-worker processes of one machine, each taking the next run, the longest expected first.
+worker processes of one machine, each taking the next run, the longest expected first (by the
+training seconds of the same runs under other seeds where the folder has them, else by tokens).
 
 On CPU each worker computes with cores // N torch threads (the rows' machine kind says how many:
 posbench.machine); on CUDA several workers share a GPU, as many as its free memory holds at about
@@ -26,6 +27,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import statistics
 import threading
 import time
 from multiprocessing import connection
@@ -96,15 +98,43 @@ def plan(setting: int | str, device: str, cores: int | None = None, free: list[i
 
 
 def expected_cost(spec) -> int:
-    """What a run is expected to take: the tokens it trains on (steps x batch_size x train_len of
-    its own training settings, a probe's [probes.train.NAME] included)."""
+    """What a run is expected to take before anything like it has run: the tokens it trains on
+    (steps x batch_size x train_len of its own training settings, a probe's [probes.train.NAME]
+    included)."""
     t = spec.train
     return t.steps * t.batch_size * t.train_len
 
 
-def order(specs: list) -> list:
-    """The longest expected first; equal ones in the grid's order (by run_id)."""
-    return sorted(specs, key=lambda s: (-expected_cost(s), s.run_id))
+def measured(specs: list, out: Path | None) -> dict[str, float]:
+    """Per run of `specs` whose cell has finished in `out` (the same run under any seed of out's
+    runs.csv, itself included), the median of their training seconds."""
+    rows = {r["run_id"]: r for r in results.read_rows(results.table_path(out, "runs"))
+            if r["status"] == "ok" and r["train_seconds"] and r["seed"]} if out is not None else {}
+    seeds = sorted({int(r["seed"]) for r in rows.values()})
+    found = {}
+    for spec in specs:
+        took = [float(rows[other.run_id]["train_seconds"]) for other in
+                (dataclasses.replace(spec, seed=seed) for seed in seeds) if other.run_id in rows]
+        if took:
+            found[spec.run_id] = statistics.median(took)
+    return found
+
+
+def expected(specs: list, out: Path | None = None) -> dict[str, float]:
+    """What each run of `specs` is expected to take, by run_id: where its cell has finished in
+    `out`, the cell's median training seconds (a probe that stops early, a scheme that trains
+    slowly); otherwise its tokens (expected_cost) at the median seconds per token of the runs that
+    were measured (plain tokens when none was)."""
+    seconds = measured(specs, out)
+    rates = [seconds[s.run_id] / expected_cost(s) for s in specs if s.run_id in seconds]
+    rate = statistics.median(rates) if rates else 1.0
+    return {s.run_id: seconds.get(s.run_id, expected_cost(s) * rate) for s in specs}
+
+
+def order(specs: list, out: Path | None = None) -> list:
+    """The longest expected first (`expected`); equal ones in the grid's order (by run_id)."""
+    cost = expected(specs, out)
+    return sorted(specs, key=lambda s: (-cost[s.run_id], s.run_id))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,12 +168,13 @@ def members(job: str) -> list[str]:
 def jobs(specs: list, out: Path, most: int) -> list[str]:
     """The queue: each run a job (`most` 1), or the unfinished runs that differ only in seed in
     ensembles of at most `most` (posbench.ensemble), a finished run alone (to be evaluated where
-    it was not); the longest expected first."""
+    it was not); the longest expected first (`expected`, an ensemble by its first run)."""
     if most <= 1:
-        return [s.run_id for s in order(specs)]
+        return [s.run_id for s in order(specs, out)]
+    cost = expected(specs, out)
     done = [s for s in specs if grid.finished(out, s)]
     groups = ensemble.groups([s for s in specs if s not in done], most) + [[s] for s in done]
-    groups.sort(key=lambda g: (-expected_cost(g[0]), g[0].run_id))
+    groups.sort(key=lambda g: (-cost[g[0].run_id], g[0].run_id))
     return [",".join(s.run_id for s in g) for g in groups]
 
 

@@ -120,6 +120,40 @@ def test_longest_expected_first(task_file):
     assert workers.expected_cost(queue[0]) == 6 * 4 * 32 and workers.expected_cost(queue[-1]) == 4 * 4 * 16
 
 
+def finished_rows(directory, seconds):
+    """ok rows in directory/runs.csv for the given runs, each with its training seconds."""
+    results.merge_rows(directory, "runs", [{"run_id": s.run_id, "task": "tinyworkers", "scheme": s.scheme,
+                                            "seed": s.seed, "status": "ok", "train_seconds": t}
+                                           for s, t in seconds])
+
+
+def test_measured_seconds_order_the_other_seeds(task_file, tmp_path):
+    """Where a folder has finished runs, a run is expected to take what its cell took under the
+    other seeds: here the copy probe stopped early, so the text runs now go first, the slower
+    scheme's before the other's, and each cell's seeds together."""
+    specs = grid(config.load_task(str(task_file)))
+    cells = {(s.scheme, s.data.spec == "copy"): [x for x in specs if (x.scheme, x.data.spec == "copy") ==
+                                                   (s.scheme, s.data.spec == "copy")] for s in specs}
+    took = {("none", False): 500.0, ("rope", False): 300.0, ("none", True): 2.0, ("rope", True): 1.0}
+    finished_rows(tmp_path, [(min(runs, key=lambda x: x.seed), took[c]) for c, runs in cells.items()])
+    queue = [s.run_id for s in workers.order(specs, tmp_path)]
+    assert queue == [r.run_id for c in sorted(took, key=took.get, reverse=True)
+                     for r in sorted(cells[c], key=lambda x: x.run_id)]
+    assert workers.expected(specs, tmp_path)[cells[("rope", True)][1].run_id] == 1.0  # seed 1: seed 0's
+
+
+def test_unmeasured_runs_are_expected_at_the_measured_rate(task_file, tmp_path):
+    """A run whose cell has not finished anywhere is expected to take its tokens at the median
+    seconds per token of those that did."""
+    specs = grid(config.load_task(str(task_file)))
+    text = {s.scheme: s for s in specs if s.data.spec != "copy" and s.seed == 0}
+    finished_rows(tmp_path, [(text["none"], 500.0), (text["rope"], 300.0)])
+    cost = workers.expected(specs, tmp_path)
+    copy = next(s for s in specs if s.data.spec == "copy")
+    assert cost[copy.run_id] == pytest.approx(6 * 4 * 32 * (400.0 / (4 * 4 * 16)))  # the median rate of 500 and 300
+    assert workers.order(specs, tmp_path)[0].data.spec == "copy"
+
+
 # --- end to end -------------------------------------------------------------------------------
 
 def test_workers_write_the_rows_of_two_shards(task_file, tmp_path, one_thread):
