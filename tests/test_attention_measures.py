@@ -134,7 +134,8 @@ def test_extrapolate_attention_cli(runs, tmp_path, capsys):
                      "--scheme", "shaw", "--attention", flag, "--out", str(tmp_path / flag)]) == 0
         inline[flag] = [r["entropy"] for r in results.read_rows(tmp_path / flag / "attention.csv")]
     assert inline["--key-tokens"] == inline["--no-key-tokens"]
-    assert main(["extrapolate", "--runs-dir", str(runs), "--tokens", "64", "--out", str(out)]) == 0
+    assert main(["extrapolate", "--runs-dir", str(runs), "--lengths", "16,64", "--tokens", "64", "--device", "cpu",
+                 "--scheme", "rope", "--out", str(out)]) == 0
     assert len(results.read_rows(out / "attention.csv")) == len(rows)  # without --attention: untouched
 
 
