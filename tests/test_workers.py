@@ -132,14 +132,16 @@ def test_measured_seconds_order_the_other_seeds(task_file, tmp_path):
     other seeds: here the copy probe stopped early, so the text runs now go first, the slower
     scheme's before the other's, and each cell's seeds together."""
     specs = grid(config.load_task(str(task_file)))
-    cells = {(s.scheme, s.data.spec == "copy"): [x for x in specs if (x.scheme, x.data.spec == "copy") ==
-                                                   (s.scheme, s.data.spec == "copy")] for s in specs}
+    cells = {}  # (scheme, copy probe or text): its runs, one a seed
+    for s in specs:
+        cells.setdefault((s.scheme, s.data.spec == "copy"), []).append(s)
     took = {("none", False): 500.0, ("rope", False): 300.0, ("none", True): 2.0, ("rope", True): 1.0}
     finished_rows(tmp_path, [(min(runs, key=lambda x: x.seed), took[c]) for c, runs in cells.items()])
     queue = [s.run_id for s in workers.order(specs, tmp_path)]
     assert queue == [r.run_id for c in sorted(took, key=took.get, reverse=True)
                      for r in sorted(cells[c], key=lambda x: x.run_id)]
-    assert workers.expected(specs, tmp_path)[cells[("rope", True)][1].run_id] == 1.0  # seed 1: seed 0's
+    seed_one = next(s for s in cells[("rope", True)] if s.seed == 1)
+    assert workers.expected(specs, tmp_path)[seed_one.run_id] == 1.0  # unfinished: seed 0's seconds
 
 
 def test_unmeasured_runs_are_expected_at_the_measured_rate(task_file, tmp_path):
