@@ -36,7 +36,8 @@ Model = Annotated[Optional[str], typer.Option(
          "runs; its default task is `pretrained` (posbench/docs/pretrained.md)")]
 Tolerance = Annotated[float, typer.Option(help="effective length: perplexity within this fraction of "
                                                "in-distribution")]
-Threshold = Annotated[float, typer.Option(help="effective length of probes: accuracy at least this")]
+Threshold = Annotated[float, typer.Option(help="effective length of probes: accuracy at least this far from "
+                                               "chance to 100% (0.5: half-way)")]
 Share = Annotated[float, typer.Option(help="effective length of probes, relative basis: accuracy at least this "
                                           "share of the run's own at the training length")]
 
