@@ -586,12 +586,13 @@ def only_schemes(task: Task, wanted: tuple[str, ...]) -> Task:
 
 def parse_list(value: str | Iterable, item: type, what: str) -> tuple:
     """A list option as the command line gives it ("64,128") or as Python does ([64, 128]): its
-    items of type `item`, one line when one is not, or when there are none."""
+    items of type `item`, one line when one is not, when there are none or when one is empty."""
     parts = value.split(",") if isinstance(value, str) else list(value)
     parts = [p.strip() if isinstance(p, str) else p for p in parts]
-    parts = [p for p in parts if p != ""]
-    if not parts:
+    if all(p == "" for p in parts):
         raise PosbenchError(f"bad {what} {value!r}: empty")
+    if "" in parts:
+        raise PosbenchError(f"bad {what} {value!r}: an empty item between commas")
     try:
         return tuple(item(p) for p in parts)
     except (TypeError, ValueError):

@@ -215,7 +215,7 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, st
     except Exception as e:  # safetensors raises its own error types for every kind of damage
         raise PosbenchError(
             f"corrupt checkpoint {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}; "
-            "delete the run directory or train again without --resume"
+            "delete the run directory and train it again"
         ) from None
 
 
@@ -243,7 +243,7 @@ def load_checkpoint(run_dir: Path, model, opt, gen) -> tuple[dict[str, Any], lis
     except (KeyError, RuntimeError, ValueError, TypeError) as e:
         raise PosbenchError(
             f"corrupt checkpoint {run_dir / CHECKPOINT}: {str(e).splitlines()[0]}; "
-            "delete the run directory or train again without --resume"
+            "delete the run directory and train it again"
         ) from None
     return state, log
 

@@ -38,7 +38,10 @@ PathLike = str | Path
 # ---- options ------------------------------------------------------------------------------------
 
 def _ints(value, what: str) -> tuple[int, ...]:
-    return parse_list(value, int, what)
+    found = parse_list(value, int, what)
+    if min(found) < 1:
+        raise PosbenchError(f"bad {what} {value!r}: expected positive integers")
+    return found
 
 
 def _words(value, what: str) -> list[str]:

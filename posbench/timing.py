@@ -64,7 +64,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from posbench import layout, results
-from posbench.config import COMPILE, DTYPES, check_lengths, parse_int_list
+from posbench.config import COMPILE, DTYPES, check_lengths, parse_int_list, parse_list
 from posbench.errors import PosbenchError, did_you_mean
 from posbench.model import Attention, ModelConfig, reserve_positions
 from posbench.schemes import SCHEMES, Dims
@@ -152,7 +152,7 @@ def device_name(device: torch.device) -> str:
 
 def _validate(schemes, lengths, batch_size, heads, head_dim, dtype, repeats, train_len, compile):
     if isinstance(schemes, str):  # "none,rope", as typed
-        schemes = [s.strip() for s in schemes.split(",") if s.strip()]
+        schemes = list(parse_list(schemes, str, "schemes"))
     if isinstance(lengths, str):
         lengths = parse_int_list(lengths)
     names = list(SCHEMES) if schemes is None else [layout.check(name) for name in schemes]

@@ -33,6 +33,7 @@ def fails(argv, capsys, message: str, code: int = 2) -> str:
 # --- command-line values --------------------------------------------------------------------
 
 HUGE = "99999999999999999999"
+SEEDS = REPO / "results" / "probes" / "seeds"  # read, never written
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -64,6 +65,14 @@ HUGE = "99999999999999999999"
     (["extrapolate", "--share", "2"], "effective_share must be in [0, 1]"),
     (["speed", "--lengths", ""], "bad lengths '': empty"),
     (["speed", "--schemes", ""], "empty list ''"),
+    (["speed", "--schemes", "rope,,alibi"], "bad list 'rope,,alibi': an empty item between commas"),
+    (["speed", "--lengths", "16,,32"], "bad lengths '16,,32': an empty item between commas"),
+    (["extrapolate", "--lengths", "16,,32"], "bad lengths '16,,32': an empty item between commas"),
+    (["extrapolate", "--rope-scaling", "none,,pi"], "bad rope_scaling 'none,,pi': an empty item between commas"),
+    (["train", "--scheme", "rope", "--seeds", "0,,1"], "an empty item between commas"),
+    (["inspect", "rope", "--lengths", "16,,32"], "bad lengths '16,,32': an empty item between commas"),
+    (["table", "probes", SEEDS, "--ratios", "-1"], "bad ratios '-1': expected positive integers"),
+    (["table", "probes", SEEDS, "--pairs", "a:b"], "expected A:B:PROBE"),
     (["probe", "--probe", "passkey", "--lengths", ""], "bad lengths '': empty"),
     (["probe", "--probe", "passkey:digits=nan"], "bad digits 'nan'"),
     (["probe", "--probe", "ruler:niah_singel_1"], "unknown ruler task 'niah_singel_1'; did you mean 'niah_single_1'"),

@@ -15,7 +15,7 @@ NAMES = ("schemes", "check", "train", "extrapolate", "inspect", "extend", "speed
          "paired", "report", "tasks", "probe", "table")
 
 console = Console(width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True)
+err = Console(stderr=True, emoji=False)  # a message's text as written: no :name: emoji codes
 
 
 def module(name: str) -> ModuleType:

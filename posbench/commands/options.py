@@ -124,9 +124,12 @@ def names(value: str | Iterable[str] | None) -> tuple[str, ...] | None:
     if value is None:
         return None
     items = value.split(",") if isinstance(value, str) else [x for v in value for x in str(v).split(",")]
-    out = tuple(x.strip() for x in items if x.strip())
-    if not out:
-        raise PosbenchError(f"empty list {value if isinstance(value, str) else ','.join(map(str, value))!r}")
+    out = tuple(x.strip() for x in items)
+    typed = value if isinstance(value, str) else ",".join(map(str, value))
+    if not any(out):
+        raise PosbenchError(f"empty list {typed!r}")
+    if "" in out:
+        raise PosbenchError(f"bad list {typed!r}: an empty item between commas")
     return out
 
 
