@@ -368,7 +368,8 @@ def load_task(name_or_path: str | None) -> Task:
     if path is None:
         raise did_you_mean(name_or_path, known_tasks(), "task")
     if not path.is_file():
-        raise PosbenchError(f"task file {str(path)!r} does not exist")
+        what = "is a folder, not a task file" if path.is_dir() else "does not exist"
+        raise PosbenchError(f"task file {str(path)!r} {what}")
     return _parse(path)
 
 

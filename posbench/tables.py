@@ -541,6 +541,9 @@ def probes(dirs: list[Path], *, seeds: bool = False, compact: bool = False, task
         raise PosbenchError("compact is a form of the table over seeds: give seeds too")
     if schemes is not None and not seeds:
         raise PosbenchError("schemes chooses the columns of the table over seeds: give seeds too")
+    if task is not None and not seeds:
+        raise PosbenchError("task picks the runs of the table over seeds, of pairs or of a sweep: give one of "
+                            "them too")
     if seeds:
         records = seeds_records(dirs, ratios, task)
         if schemes is not None:

@@ -73,6 +73,8 @@ SEEDS = REPO / "results" / "probes" / "seeds"  # read, never written
     (["inspect", "rope", "--lengths", "16,,32"], "bad lengths '16,,32': an empty item between commas"),
     (["table", "probes", SEEDS, "--ratios", "-1"], "bad ratios '-1': expected positive integers"),
     (["table", "probes", SEEDS, "--pairs", "a:b"], "expected A:B:PROBE"),
+    (["table", "probes", SEEDS, "--task", "probe-seeds"], "task picks the runs of the table over seeds"),
+    (["train", "--scheme", "rope", "--task", REPO / "tasks"], "is a folder, not a task file"),
     (["probe", "--probe", "passkey", "--lengths", ""], "bad lengths '': empty"),
     (["probe", "--probe", "passkey:digits=nan"], "bad digits 'nan'"),
     (["probe", "--probe", "ruler:niah_singel_1"], "unknown ruler task 'niah_singel_1'; did you mean 'niah_single_1'"),
