@@ -6,7 +6,7 @@ from typing import Sequence
 import pandas as pd
 
 from posbench import config
-from posbench.commands import console, plain
+from posbench.commands import console, failed, plain
 from posbench.commands import frame as to_frame
 from posbench.commands.options import Device, Out, Schemes, Task, load_plugins, names, settings, takes
 
@@ -26,7 +26,9 @@ def speed(
     **given,
 ) -> pd.DataFrame:
     """Time each scheme's attention layer (hooks included), forward and forward+backward (default:
-    every scheme; none always joins); speed.csv and speed.png in --out (default runs)."""
+    every scheme; none always joins); speed.csv and speed.png in --out (default runs). A cell that
+    runs out of memory or that its scheme declines is a result; one that raises otherwise (a
+    plug-in's hook, say) is recorded as failed and the command exits 1 naming it."""
     from posbench.timing import run_speed
 
     load_plugins(plugins)
@@ -45,4 +47,8 @@ def show(result: pd.DataFrame) -> int:
     print_speed(result.attrs["rows"], console)
     out = result.attrs["out"]
     plain(f"wrote {out / 'speed.csv'}, {out / 'speed.png'}")
-    return 0
+    bad = [r for r in result.attrs["rows"] if r["status"] == "failed"]
+    cells = sorted({f"{r['scheme']} {r['pass']} at {r['seq_len']}" for r in bad}, key=str)
+    return failed(bad and (f"{len(bad)} cell(s) failed ({', '.join(cells[:6])}{', ...' if len(cells) > 6 else ''}), "
+                           f"recorded as failed in {out / 'speed.csv'}; the other cells were written. "
+                           f"{bad[0]['scheme']}: {bad[0]['reason']}") or None)
