@@ -87,6 +87,8 @@ def parent_runs(runs_dir: Path, schemes: tuple[str, ...] | None) -> list[Path]:
             raw = json.loads(config.read_text())
         except (OSError, ValueError):
             continue  # a damaged run fails with its own message where it is loaded
+        if not isinstance(raw, dict):
+            continue
         named = not schemes or layout.run_prefix(str(raw.get("scheme"))) in {layout.run_prefix(s) for s in schemes}
         if raw.get("extension") or not named:
             continue

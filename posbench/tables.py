@@ -128,7 +128,10 @@ def run_probes(out: Path) -> dict[str, str]:
     where the folder holds no run directories (a committed results folder)."""
     found = {r["run_id"]: r["probe"] for r in results.read_rows(results.table_path(out, "probes"))}
     for config in out.glob("*/config.json"):
-        spec = json.loads(config.read_text())["data"]["spec"]
+        try:
+            spec = json.loads(config.read_text())["data"]["spec"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise PosbenchError(f"unreadable run config {config}: {type(e).__name__}: {e}") from None
         found[config.parent.name] = str(spec).split(":")[0]
     return found
 

@@ -335,6 +335,14 @@ def test_extrapolate_with_wrong_types_in_config_json(change, trained, capsys, tm
     assert not (runs / "extrapolation.csv").exists()
 
 
+def test_config_json_that_is_not_a_table(trained, capsys, tmp_path):
+    runs, run_dir = _copy_runs(trained, tmp_path)
+    (run_dir / "config.json").write_text("[1, 2]\n")
+    fails(["extrapolate", "--runs-dir", runs, "--lengths", "16", "--device", "cpu"], capsys, "unreadable run config")
+    fails(["extend", "--runs-dir", runs, "--method", "pi", "--device", "cpu"], capsys, "no finished parent runs")
+    fails(["table", "probes", runs], capsys, f"unreadable run config {run_dir / 'config.json'}: TypeError")
+
+
 @pytest.mark.parametrize("kind", sorted(GARBAGE))
 def test_extrapolate_into_junk_results(kind, trained, capsys, tmp_path):
     runs, _ = _copy_runs(trained, tmp_path)
