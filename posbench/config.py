@@ -382,6 +382,9 @@ def _parse(path: Path) -> Task:
         raise PosbenchError(f"{path}: not UTF-8 text (byte {e.start})") from None
     except OSError as e:
         raise PosbenchError(f"cannot read task {path}: {e.strerror}") from None
+    if not raw:  # every default is a task too, but an empty file is far likelier a mistake
+        raise PosbenchError(f"{path}: the task file sets nothing (write at least one section; `posbench tasks` "
+                            "lists the shipped tasks to start from)")
     raw.setdefault("name", path.stem)
     model = raw.get("model")
     if isinstance(model, dict) and "pretrained" in model:

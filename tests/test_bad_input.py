@@ -104,6 +104,8 @@ def test_bad_flag_value(argv, message, capsys, tmp_path, monkeypatch):
 # --- task files -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("text, message", [
+    ("", "the task file sets nothing"),
+    ("# a comment alone\n", "the task file sets nothing"),
     ("seeds = []", "a task needs at least one seed"),
     ("seeds = [0, 0]", "seeds repeat"),
     ("seeds = [-1]", "seed must be in 0.."),
