@@ -35,6 +35,7 @@ import math
 import os
 import random
 import re
+import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -332,13 +333,14 @@ def load(spec: str, base: Path | None = None, device: torch.device | str = "cpu"
     try:
         config = AutoConfig.from_pretrained(**where)
     except Exception as e:  # transformers' many error types: one line
-        raise PosbenchError(f"cannot read the model configuration of {spec}: {first_line(e)}") from None
+        raise PosbenchError(f"cannot read the model configuration of {spec}: {first_line(e)}"
+                            f"{_cut_short(e, kind, path)}") from None
     check_architecture(config, spec)
     try:
         model = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32, attn_implementation="sdpa")
         tokenizer = AutoTokenizer.from_pretrained(**where)
     except Exception as e:
-        raise PosbenchError(f"cannot load {spec}: {first_line(e)}") from None
+        raise PosbenchError(f"cannot load {spec}: {first_line(e)}{_cut_short(e, kind, path)}") from None
     model.to(device).eval()
     _register_attention()
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -347,6 +349,14 @@ def load(spec: str, base: Path | None = None, device: torch.device | str = "cpu"
     for layer in model.model.layers:
         layer.self_attn.posbench_rotary = rotary
     return Pretrained(spec, path, model, tokenizer, rotary, file_hash(path))
+
+
+def _cut_short(e: Exception, kind: str, path: Path) -> str:
+    """What a GGUF reader's error means when it reads past the file's end (a struct that does not
+    fit, an array smaller than its shape): the file holds fewer bytes than its header describes."""
+    if kind == "gguf" and (isinstance(e, struct.error) or "cannot reshape array" in str(e)):
+        return f" (the file, {path.stat().st_size:,} bytes, ends before the data its header describes: is it whole?)"
+    return ""
 
 
 def check_architecture(config, spec: str) -> None:

