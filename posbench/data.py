@@ -166,9 +166,10 @@ def load_files(pattern: str) -> Corpus:
     import datasets
 
     try:
-        ds = datasets.load_dataset(
-            "text", data_files=files, sample_by="document", split="train", keep_in_memory=True
-        )
+        with _no_progress_bars():
+            ds = datasets.load_dataset(
+                "text", data_files=files, sample_by="document", split="train", keep_in_memory=True
+            )
     except Exception as e:  # datasets raises many kinds; all mean the same to the user
         raise PosbenchError(f"cannot load files {pattern!r}: {_first_line(e)}") from None
     docs = list(ds["text"])
@@ -214,6 +215,21 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 
 
 @contextlib.contextmanager
+def _no_progress_bars():
+    """datasets' bars ("Generating train split") off for one call: the corpus is a step of a
+    command, which speaks in lines of its own."""
+    from datasets.utils import logging
+
+    shown = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
 def _hub_offline(offline: bool):
     """datasets and huggingface_hub in offline mode (cached datasets still load) for one call;
     both read HF_HUB_OFFLINE once, at import, so their flags are set directly."""
@@ -236,7 +252,7 @@ def load_hf(name: str, config: str | None) -> Corpus:
     label = name + (f":{config}" if config else "")
     offline = not Path(name).is_dir() and not constants.HF_HUB_OFFLINE and not _hub_reachable()
     try:
-        with _hub_offline(offline):
+        with _hub_offline(offline), _no_progress_bars():
             dd = datasets.load_dataset(name, config)
     except Exception as e:
         if offline or _is_offline(e):

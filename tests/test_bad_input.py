@@ -337,6 +337,13 @@ def test_extrapolate_with_wrong_types_in_config_json(change, trained, capsys, tm
     assert not (runs / "extrapolation.csv").exists()
 
 
+def test_files_too_short_for_one_window_is_one_line(capsys, tmp_path):
+    """datasets draws no progress bar on the way: the error is the command's only line."""
+    (tmp_path / "short.txt").write_text("a few words\n")
+    fails(["train", "--scheme", "rope", "--data", f"files:{tmp_path / 'short.txt'}", "--steps", "2",
+           "--runs-dir", tmp_path / "runs"], capsys, "is shorter than one window of train_len")
+
+
 def test_config_json_that_is_not_a_table(trained, capsys, tmp_path):
     runs, run_dir = _copy_runs(trained, tmp_path)
     (run_dir / "config.json").write_text("[1, 2]\n")
