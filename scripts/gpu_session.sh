@@ -106,7 +106,7 @@ speed)
     [ "$smoke" != 1 ] && [ -f "$keep" ] && cp "$keep" "$work/speed.csv"  # rows of earlier calls
     pb speed --device "$device" --dtype "$dtype" --compile "$compile" --schemes "$speed_schemes" \
         --lengths "$lengths" --repeats "$repeats" --task standard --out "$work" \
-        || echo "speed exited $?: a cell failed (a row of speed.csv); the others are kept"
+        || { rc=$?; [ "$rc" = 1 ] || exit "$rc"; echo "speed: a cell failed (a row of speed.csv); the others are kept"; }
     cp "$work/speed.csv" "$out/speed.csv"
     if [ "$smoke" != 1 ]; then  # a GPU's rows: the results folder and gpu.md's table
         cp "$work/speed.csv" "$keep"
