@@ -337,7 +337,7 @@ def load(spec: str, base: Path | None = None, device: torch.device | str = "cpu"
                             f"{_cut_short(e, kind, path)}") from None
     check_architecture(config, spec)
     try:
-        model = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(**where, config=config, dtype=torch.float32, attn_implementation="sdpa")
         tokenizer = AutoTokenizer.from_pretrained(**where)
     except Exception as e:
         raise PosbenchError(f"cannot load {spec}: {first_line(e)}{_cut_short(e, kind, path)}") from None

