@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from posbench.errors import PosbenchError, naming
+from posbench.errors import PosbenchError, first_line, naming
 from posbench.knobs import knob
 from posbench.probes import PROBES, TOKENIZER, parse_probe, probe_name
 from posbench.probes.symbols import SYMBOLS
@@ -171,7 +171,7 @@ def load_files(pattern: str) -> Corpus:
                 "text", data_files=files, sample_by="document", split="train", keep_in_memory=True
             )
     except Exception as e:  # datasets raises many kinds; all mean the same to the user
-        raise PosbenchError(f"cannot load files {pattern!r}: {_first_line(e)}") from None
+        raise PosbenchError(f"cannot load files {pattern!r}: {first_line(e)}") from None
     docs = list(ds["text"])
     if not any(d.strip() for d in docs):
         raise PosbenchError(f"files {pattern!r} contain no text")
@@ -179,11 +179,6 @@ def load_files(pattern: str) -> Corpus:
     root = os.path.commonpath([str(Path(f).parent) for f in files])
     names = [Path(f).relative_to(root).as_posix() for f in files]
     return Corpus(f"files:{pattern}", _fingerprint(names, blobs), split_documents(names, docs))
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
 
 
 def _is_offline(e: BaseException) -> bool:
@@ -260,7 +255,7 @@ def load_hf(name: str, config: str | None) -> Corpus:
                 f"cannot reach the Hugging Face hub to load {label!r} (offline?); "
                 "use --data pystdlib or files:PATH"
             ) from None
-        raise PosbenchError(f"cannot load dataset {label!r}: {_first_line(e)}") from None
+        raise PosbenchError(f"cannot load dataset {label!r}: {first_line(e)}") from None
     aliases = {"train": ["train"], "valid": ["validation", "valid", "dev"], "test": ["test"]}
     texts: dict[str, str] = {}
     for split, keys in aliases.items():

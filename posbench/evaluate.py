@@ -30,7 +30,6 @@ of two models on the same windows (posbench.pairing).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections import defaultdict
@@ -55,7 +54,7 @@ from posbench.probes import PROBES, probe_name
 from posbench.schemes import SCHEMES, PositionLimitError
 from posbench.schemes.rotary import RopeScaling, detect_dpe_scales
 from posbench.device import autocast, resolve_device
-from posbench.runs import FINAL, RunSpec, load_spec, load_trained
+from posbench.runs import FINAL, RunSpec, data_spec, load_spec, load_trained
 
 ATTN_BYTES = 512 * 2**20  # cap on one batch's attention scores (B * H * L * L floats)
 
@@ -87,10 +86,10 @@ def find_runs(runs_dir: Path | str, schemes: list[str] | None = None) -> list[Pa
 def on_probe(run_dir: Path) -> bool:
     """Whether a run trained on a probe's examples (its config names a probe as its data)."""
     try:
-        spec = json.loads((Path(run_dir) / "config.json").read_text())["data"]["spec"]
-    except (OSError, ValueError, KeyError, TypeError):
+        spec = data_spec(run_dir)
+    except PosbenchError:
         return False  # a damaged config fails with its own message where the run is loaded
-    return isinstance(spec, str) and probe_name(spec) in PROBES
+    return probe_name(spec) in PROBES
 
 
 def variants_for(spec: RunSpec, cfg: EvalConfig, layout) -> list[Variant]:
@@ -449,18 +448,6 @@ def limit_hint(e: BaseException) -> str:
         return ("; a scheme with a finite table declares it with position_limit() and raises "
                 "PositionLimitError past it (posbench/docs/plugins.md)")
     return ""
-
-
-def failed_rows(rows: list[dict], table: Path) -> str | None:
-    """One line on the rows of `rows` whose status is `failed` (None when none is): how many, the
-    first one's run, length and reason, and where they are recorded."""
-    failed = [r for r in rows if r.get("status") == "failed"]
-    if not failed:
-        return None
-    where = sorted({f"{r['run_id']} at {r['eval_len']}" for r in failed})
-    first = failed[0]
-    return (f"{len(failed)} row(s) failed ({', '.join(where[:6])}{', ...' if len(where) > 6 else ''}), recorded as "
-            f"failed in {table}; the other rows were written. {first['run_id']}: {first.get('reason') or 'non-finite loss'}")
 
 
 def record_attention(model, stream: torch.Tensor, length: int, cfg: EvalConfig, device, dtype: str,

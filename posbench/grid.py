@@ -179,7 +179,7 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
                 done["evaluated"] += 1
             bar.advance(overall)
         failed_rows["probes"] = run_probes(task, out, specs, device, done, log)
-    lines = [evaluate.failed_rows(rows, results.table_path(out, table)) for table, rows in failed_rows.items()]
+    lines = [results.failed_line(rows, results.table_path(out, table)) for table, rows in failed_rows.items()]
     done["failed_rows"] = "; ".join(line for line in lines if line) or None
     if speed and shard[0] == 1:
         done["speed"] = run_speed_once(task, out, device, log)

@@ -462,7 +462,7 @@ def inspect_runs(runs: list[Path], task, lengths: tuple[int, ...] | None, out: P
         cfg = config.replace(task.eval, lengths=measured)
         rows = evaluate.extrapolate(run_dir.parent, cfg, out=out, device=str(dev), progress=progress, runs=[run_dir],
                                     attention=True)
-        failed = evaluate.failed_rows(rows, results.table_path(out, "extrapolation"))
+        failed = results.failed_line(rows, results.table_path(out, "extrapolation"))
         if failed:
             drawn.append(Picture(spec.run_id, FAILED, f"{spec.run_id}: {failed}"))
     rows = results.read_rows(results.table_path(out, "attention"))

@@ -339,6 +339,20 @@ def merge_rows(directory: Path | str, table: str, rows: Iterable[dict[str, Any]]
     return path
 
 
+def failed_line(rows: list[dict], table: Path, noun: str = "row",
+                place=lambda r: f"{r['run_id']} at {r['eval_len']}", owner: str = "run_id") -> str | None:
+    """One line on the rows of `rows` whose status is `failed` (None when none is): how many, the
+    first six places (`place` names one: an evaluation row's run and length by default), where they
+    are recorded, and the first one's reason under its `owner` column."""
+    failed = [r for r in rows if r.get("status") == "failed"]
+    if not failed:
+        return None
+    where = sorted({place(r) for r in failed})
+    first = failed[0]
+    return (f"{len(failed)} {noun}(s) failed ({', '.join(where[:6])}{', ...' if len(where) > 6 else ''}), recorded as "
+            f"failed in {table}; the other {noun}s were written. {first[owner]}: {first.get('reason') or 'non-finite loss'}")
+
+
 def _to_csv(columns: list[str], rows) -> str:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")

@@ -257,6 +257,16 @@ def read_log(run_dir: Path) -> list[dict[str, Any]]:
         raise PosbenchError(f"corrupt checkpoint {Path(run_dir) / CHECKPOINT}: {e}") from None
 
 
+def data_spec(run_dir: Path) -> str:
+    """The data its config.json names (a corpus, or a probe's `name:options`), read alone: where
+    the run's scheme or plug-ins need not be loaded."""
+    config = Path(run_dir) / "config.json"
+    try:
+        return str(json.loads(config.read_text())["data"]["spec"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise PosbenchError(f"unreadable run config {config}: {type(e).__name__}: {e}") from None
+
+
 def load_spec(run_dir: Path) -> tuple[RunSpec, dict]:
     """A run's spec and its config.json as read."""
     run_dir = Path(run_dir)

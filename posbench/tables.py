@@ -18,7 +18,6 @@ of pooled answers). The tables and their options: posbench/docs/results.md.
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import statistics
 from collections import defaultdict
@@ -31,6 +30,7 @@ from posbench import results, stats
 from posbench.config import parse_list
 from posbench.errors import PosbenchError, did_you_mean
 from posbench.reporting import effective_text, label, markdown_table
+from posbench.runs import data_spec
 
 PathLike = str | Path
 
@@ -128,11 +128,7 @@ def run_probes(out: Path) -> dict[str, str]:
     where the folder holds no run directories (a committed results folder)."""
     found = {r["run_id"]: r["probe"] for r in results.read_rows(results.table_path(out, "probes"))}
     for config in out.glob("*/config.json"):
-        try:
-            spec = json.loads(config.read_text())["data"]["spec"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise PosbenchError(f"unreadable run config {config}: {type(e).__name__}: {e}") from None
-        found[config.parent.name] = str(spec).split(":")[0]
+        found[config.parent.name] = data_spec(config.parent).split(":")[0]
     return found
 
 
@@ -439,7 +435,7 @@ def curves_table(out: Path, probes: list[str], every: int) -> str:
         config, log = out / run_id / "config.json", out / run_id / "log.csv"
         if probe not in probes or run_id not in runs or not config.exists() or not log.exists():
             continue
-        spec = json.loads(config.read_text())["data"]["spec"]
+        spec = data_spec(config.parent)
         log = pd.read_csv(log).dropna(subset=["val_accuracy"])
         curves[(spec, label(runs[run_id]), run_id)] = dict(zip(log["step"], log["val_accuracy"]))
     if not curves:

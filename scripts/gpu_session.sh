@@ -90,7 +90,8 @@ EOF
     # posbench runs from its source folder), the hf: loader's tests are left out.
     keep=()
     python3 -c "import datasets" 2>/dev/null || { keep=(-k "not hf"); echo "no datasets: hf tests left out"; }
-    few=() spread=()  # side by side where pytest-xdist is there
+    # side by side where pytest-xdist is there, else in one process (the ini's -n needs it)
+    few=(-o addopts=-q) spread=(-o addopts=-q)
     python3 -c "import xdist" 2>/dev/null && few=(-n 4) spread=(-n 8)
     python3 -m pytest -q -p no:cacheprovider "${few[@]}" -k "cuda or compile or flex or fla" --junitxml="$work/gpu-tests.xml" || true
     [ "${FULL:-1}" = 0 ] && { echo "FULL=0: the whole suite left out"; pack; exit 0; }
@@ -260,7 +261,8 @@ loan)
         timeout -k 5 "$cap" "$@" > "$scratch/$name.log" 2>&1 || echo "step $name: exit $? (timeout: 124)"
         tail -25 "$scratch/$name.log"
     }
-    step tests 90 python3 -m pytest -q -p no:cacheprovider -k cuda --junitxml="$out/tests.xml"
+    one=(-o addopts=-q)  # in one process, pytest-xdist or not
+    step tests 90 python3 -m pytest "${one[@]}" -p no:cacheprovider -k cuda --junitxml="$out/tests.xml"
     SEEDS=0-9 SOLO_SEEDS=0-1 step ensemble 120 bash "$0" ensemble "$scratch/e"
     [ -f "$scratch/e/ensemble.tar.gz" ] && cp "$scratch/e/ensemble.tar.gz" "$out/"
     if (( probe_seconds > 0 )); then

@@ -71,14 +71,14 @@ def extrapolate(
 
 
 def show(result: pd.DataFrame) -> int:
-    from posbench import effective, evaluate, reporting
+    from posbench import effective, reporting
 
     rows, cfg = result.attrs["rows"], result.attrs["eval"]
     eff = reporting.effective_by_label(effective.perplexity_rows(rows, cfg.effective_tolerance))
     console.print(reporting.ppl_table(rows, f"perplexity, {cfg.mode}", eff))
     note_scalings(rows, cfg.rope_scaling)
     plain(f"wrote {', '.join(map(str, result.attrs['written']))}")
-    return failed(evaluate.failed_rows(rows, result.attrs["written"][0]))
+    return failed(results.failed_line(rows, result.attrs["written"][0]))
 
 
 def note_scalings(rows: list[dict], kinds: tuple[str, ...]) -> None:

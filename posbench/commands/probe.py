@@ -106,7 +106,7 @@ def catalogue() -> list[dict[str, str]]:
 
 
 def show(result: pd.DataFrame) -> int:
-    from posbench import evaluate, reporting
+    from posbench import reporting
 
     rows = result.attrs["rows"]
     if result.attrs.get("listing"):
@@ -122,4 +122,4 @@ def show(result: pd.DataFrame) -> int:
     note_scalings(rows, result.attrs["eval"].rope_scaling)
     out = result.attrs["out"]
     plain(f"wrote {results.table_path(out, 'probes')}, probe_*.png and {out / 'report.md'}")
-    return failed(evaluate.failed_rows(rows, results.table_path(out, "probes")))
+    return failed(results.failed_line(rows, results.table_path(out, "probes")))

@@ -5,7 +5,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from posbench import config
+from posbench import config, results
 from posbench.commands import console, failed, plain
 from posbench.commands import frame as to_frame
 from posbench.commands.options import Device, Out, Schemes, Task, load_plugins, names, settings, takes
@@ -47,8 +47,5 @@ def show(result: pd.DataFrame) -> int:
     print_speed(result.attrs["rows"], console)
     out = result.attrs["out"]
     plain(f"wrote {out / 'speed.csv'}, {out / 'speed.png'}")
-    bad = [r for r in result.attrs["rows"] if r["status"] == "failed"]
-    cells = sorted({f"{r['scheme']} {r['pass']} at {r['seq_len']}" for r in bad}, key=str)
-    return failed(bad and (f"{len(bad)} cell(s) failed ({', '.join(cells[:6])}{', ...' if len(cells) > 6 else ''}), "
-                           f"recorded as failed in {out / 'speed.csv'}; the other cells were written. "
-                           f"{bad[0]['scheme']}: {bad[0]['reason']}") or None)
+    return failed(results.failed_line(result.attrs["rows"], out / "speed.csv", "cell",
+                                      lambda r: f"{r['scheme']} {r['pass']} at {r['seq_len']}", "scheme"))
