@@ -394,9 +394,10 @@ def needs_smollm2(test):
     return pytest.mark.xdist_group("smollm2")(test)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def smollm2():
-    """One load of the GGUF (about a minute) for the tests that read it."""
+    """One load of the GGUF (about a minute) for the tests that read it: for the session, as an
+    xdist worker may run other modules' tests between them."""
     return pretrained.load(SMOLLM2)
 
 
