@@ -261,8 +261,8 @@ loan)
         timeout -k 5 "$cap" "$@" > "$scratch/$name.log" 2>&1 || echo "step $name: exit $? (timeout: 124)"
         tail -25 "$scratch/$name.log"
     }
-    one=(-o addopts=-q)  # in one process, pytest-xdist or not
-    step tests 90 python3 -m pytest "${one[@]}" -p no:cacheprovider -k cuda --junitxml="$out/tests.xml"
+    # in one process, pytest-xdist or not
+    step tests 90 python3 -m pytest -o addopts=-q -p no:cacheprovider -k cuda --junitxml="$out/tests.xml"
     SEEDS=0-9 SOLO_SEEDS=0-1 step ensemble 120 bash "$0" ensemble "$scratch/e"
     [ -f "$scratch/e/ensemble.tar.gz" ] && cp "$scratch/e/ensemble.tar.gz" "$out/"
     if (( probe_seconds > 0 )); then
