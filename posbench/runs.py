@@ -145,6 +145,13 @@ class RunSpec:
 
 def build_model(spec: RunSpec, vocab_size: int) -> Transformer:
     torch.manual_seed(spec.seed)
+    model_layout = build_layout(spec, vocab_size)
+    cfg = dataclasses.replace(spec.model, vocab_size=vocab_size)
+    return Transformer(cfg, model_layout)
+
+
+def build_layout(spec: RunSpec, vocab_size: int) -> layout.ModelLayout:
+    """The schemes of `spec`'s model, built and checked against its training settings."""
     t = spec.train
     dims = Dims(
         d_model=spec.model.d_model, n_heads=spec.model.n_heads, n_layers=spec.model.n_layers,
@@ -159,8 +166,7 @@ def build_model(spec: RunSpec, vocab_size: int) -> Transformer:
         raise PosbenchError(f"scheme {spec.scheme!r} takes no integer positions to randomize")
     if spec.extension is not None:
         model_layout.set_trained_scaling(spec.extension.scaling())
-    cfg = dataclasses.replace(spec.model, vocab_size=vocab_size)
-    return Transformer(cfg, model_layout)
+    return model_layout
 
 
 def load_parent(model: Transformer, spec: RunSpec, runs_dir: Path) -> None:

@@ -24,7 +24,7 @@ from posbench.errors import Interrupted, PosbenchError, RunFailed, first_line, o
 from posbench.extension import columns as extension_columns
 from posbench.model import Transformer
 from posbench.positions import randomized_column
-from posbench.runs import (CHECKPOINT, COUNTS, FINAL, RunSpec, build_model, load_checkpoint, load_parent,
+from posbench.runs import (CHECKPOINT, COUNTS, FINAL, RunSpec, build_layout, build_model, load_checkpoint, load_parent,
                            save_checkpoint, weights_digest, write_log)
 from posbench.schemes.base import Scheme
 
@@ -165,6 +165,9 @@ def train_ensemble(
                         outcomes[spec.run_id] = TrainResult(spec.run_id, run_dir, done[0], skipped=True)
             left = [s for s in specs if s.run_id not in outcomes]
             if left and data is None and not is_probe(left[0].data):
+                # a scheme that cannot be built says so before the corpus is read and tokenized
+                # (a minute, the first time), with the vocabulary it asks for
+                build_layout(left[0], left[0].data.vocab_size)
                 data = load_tokens(left[0].data)  # the members share their data
             together = len(left) > 1
             runs = [_start(spec, runs_dir, dev, ddp, resume, data, "off" if together else None) for spec in left]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY_TASK
-from posbench import plugins, results
+from posbench import plugins, results, training
 from posbench.conformance import check
 from posbench.cli import main
 from posbench.probes import PROBES
@@ -260,6 +260,8 @@ INIT_RAISES = GOOD.replace("        super().__init__(dims)\n",
 def test_a_plugin_whose_init_raises_is_one_line(registry, tmp_path, monkeypatch, capsys, command):
     monkeypatch.chdir(tmp_path)
     plugin = write(tmp_path / "bad.py", INIT_RAISES.format(name="init-raises"))
+    if command[0] == "train":  # the scheme fails before the corpus is read and tokenized
+        monkeypatch.setattr(training, "load_tokens", lambda *a: pytest.fail("the corpus was read"))
     rc = main([*command, "--plugin", "bad.py"])
     err = capsys.readouterr().err
     if command[0] == "speed":  # speed records a scheme it cannot build as failed rows, goes on, exits 1
