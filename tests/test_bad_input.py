@@ -64,7 +64,7 @@ SEEDS = REPO / "results" / "probes" / "seeds"  # read, never written
     (["extrapolate", "--key-drop", "nan"], "key_drop must be a finite number"),
     (["extrapolate", "--share", "2"], "effective_share must be in [0, 1]"),
     (["speed", "--lengths", ""], "bad lengths '': empty"),
-    (["speed", "--schemes", ""], "empty list ''"),
+    (["speed", "--schemes", ""], "bad list '': empty"),
     (["speed", "--schemes", "rope,,alibi"], "bad list 'rope,,alibi': an empty item between commas"),
     (["speed", "--lengths", "16,,32"], "bad lengths '16,,32': an empty item between commas"),
     (["extrapolate", "--lengths", "16,,32"], "bad lengths '16,,32': an empty item between commas"),

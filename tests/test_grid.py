@@ -259,7 +259,7 @@ def test_run_cli_end_to_end(task_file, full_run, tmp_path, capsys):
     (["--seeds", "1,1"], "seeds repeat"),
     (["--seeds", "x"], "bad seeds 'x'"),
     (["--schemes", "rpoe"], "did you mean 'rope'"),
-    (["--schemes", ","], "empty list"),
+    (["--schemes", ","], "bad list ',': empty"),
 ])
 def test_run_seed_and_scheme_overrides_are_checked(task_file, tmp_path, capsys, args, message):
     assert main(["run", str(task_file), "--out", str(tmp_path / "out"), *args]) == 2

@@ -613,7 +613,7 @@ def test_probe_list(capsys):
 @pytest.mark.parametrize("args, message", [
     (["probe", "--probe", "pasky"], "did you mean 'passkey'"),
     (["probe", "--probe", "copy:colour=red"], "unknown option 'colour'"),
-    (["probe", "--probe", ","], "empty list"),
+    (["probe", "--probe", ","], "bad list ',': empty"),
     (["probe"], "name probes with --probe"),
     (["probe", "--probe", "copy", "--trials", "0"], "trials must be > 0"),
     (["probe", "--probe", "copy", "--lengths", "12,x"], "bad lengths"),

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Callable, Iterable, List, Optional, Sequence
 import typer
 
 from posbench import config, layout, plugins
-from posbench.errors import PosbenchError, did_you_mean
+from posbench.errors import did_you_mean
 from posbench.knobs import FLAG
 
 Task = Annotated[Optional[str], typer.Option(help="task name in tasks/ or a TOML path; its settings are the "
@@ -123,14 +123,7 @@ def names(value: str | Iterable[str] | None) -> tuple[str, ...] | None:
     """A comma-separated string or a list (repeated options), as the list options take them."""
     if value is None:
         return None
-    items = value.split(",") if isinstance(value, str) else [x for v in value for x in str(v).split(",")]
-    out = tuple(x.strip() for x in items)
-    typed = value if isinstance(value, str) else ",".join(map(str, value))
-    if not any(out):
-        raise PosbenchError(f"empty list {typed!r}")
-    if "" in out:
-        raise PosbenchError(f"bad list {typed!r}: an empty item between commas")
-    return out
+    return config.parse_list(value if isinstance(value, str) else ",".join(map(str, value)), str, "list")
 
 
 def scheme_names(value: str | Iterable[str] | None) -> tuple[str, ...] | None:
