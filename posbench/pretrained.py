@@ -29,8 +29,10 @@ and both write probes.csv rows through `judge_prompts`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
+import io
 import math
 import os
 import random
@@ -317,6 +319,13 @@ class Pretrained:
         return made[0, len(prompt):].tolist()
 
 
+def _quiet(kind: str):
+    """transformers de-quantizes a GGUF file's tensors under a tqdm bar of its own, which its
+    `disable_progress_bar` does not reach: stderr goes nowhere while such a model loads (its errors
+    are raised, and transformers' log handler keeps the stream it was given)."""
+    return contextlib.redirect_stderr(io.StringIO()) if kind == "gguf" else contextlib.nullcontext()
+
+
 def load(spec: str, base: Path | None = None, device: torch.device | str = "cpu") -> Pretrained:
     """The model of `spec` on `device` in float32, its rotary embedding swapped for posbench's."""
     kind, path = parse(spec, base)
@@ -326,7 +335,7 @@ def load(spec: str, base: Path | None = None, device: torch.device | str = "cpu"
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()  # a bar per tensor of a GGUF file
+    transformers.logging.disable_progress_bar()
     where = {"pretrained_model_name_or_path": str(path), "local_files_only": True}
     if kind == "gguf":
         where = {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name, "local_files_only": True}
@@ -337,8 +346,10 @@ def load(spec: str, base: Path | None = None, device: torch.device | str = "cpu"
                             f"{_cut_short(e, kind, path)}") from None
     check_architecture(config, spec)
     try:
-        model = AutoModelForCausalLM.from_pretrained(**where, config=config, dtype=torch.float32, attn_implementation="sdpa")
-        tokenizer = AutoTokenizer.from_pretrained(**where)
+        with _quiet(kind):
+            model = AutoModelForCausalLM.from_pretrained(**where, config=config, dtype=torch.float32,
+                                                         attn_implementation="sdpa")
+            tokenizer = AutoTokenizer.from_pretrained(**where)
     except Exception as e:
         raise PosbenchError(f"cannot load {spec}: {first_line(e)}{_cut_short(e, kind, path)}") from None
     model.to(device).eval()
