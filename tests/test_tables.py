@@ -48,13 +48,22 @@ def readme_table(readme: Path, header: str, nth: int = 0) -> str:
 
 
 def assert_in_readme(rendered: str, readme: Path, nth: dict[int, int] | None = None) -> None:
-    """Each table of `rendered` equals the README's table with the same header line."""
+    """Each table of `rendered` equals the README's table with the same header line, and a width
+    line the README quotes under a table is the one printed under it."""
     parts = markdown_tables(rendered)
     assert parts, "no table rendered"
+    text = readme.read_text(encoding="utf-8")
     for i, part in enumerate(parts):
         committed = readme_table(readme, part.splitlines()[0], (nth or {}).get(i, 0))
         assert part == committed, (f"{readme.relative_to(REPO)}: the table headed {part.splitlines()[0]!r} "
                                    "differs from what its CSVs give (regenerate it with `posbench table`)")
+        quoted = text[text.index(committed) + len(committed):].lstrip("\n").partition("\n")[0]
+        if quoted.startswith(WIDTH):
+            printed = rendered[rendered.index(part) + len(part):].lstrip("\n").partition("\n")[0]
+            assert quoted == printed, f"{readme.relative_to(REPO)}: the width line under {part.splitlines()[0]!r}"
+
+
+WIDTH = "Median width of the 95% intervals over seeds"
 
 
 FRONTIER_PAIRS = ",".join(f"{s}:rope:{p}" for s in ("selective-rope", "grape", "rope+sink", "rope+gate")
