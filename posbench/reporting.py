@@ -50,10 +50,27 @@ def label(row) -> str:
     return out
 
 
+LABEL_COLUMNS = ("scheme", "params", "extend_method", "extend_len", "extend_steps", "scaling", "extension",
+                 "randomized", "position_sampling", "position_draws")  # what `label` reads
+
+
+def labels(df: pd.DataFrame) -> list[str]:
+    """`label` of every row of `df`, worked out once for each distinct set of the columns it reads."""
+    columns = [c for c in LABEL_COLUMNS if c in df]
+    seen: dict[tuple, str] = {}
+    out = []
+    for values in zip(*(df[c].tolist() for c in columns)):
+        key = tuple(map(str, values))
+        if key not in seen:
+            seen[key] = label(dict(zip(columns, values)))
+        out.append(seen[key])
+    return out
+
+
 def labelled_frame(rows, value: str) -> pd.DataFrame:
     """Rows as a frame with each row's `label`, `value` numeric (missing: NaN) and integer lengths."""
     df = pd.DataFrame(rows) if not isinstance(rows, pd.DataFrame) else rows.copy()
-    df["label"] = df.apply(label, axis=1)
+    df["label"] = labels(df)
     df[value] = pd.to_numeric(df.get(value), errors="coerce")
     df["eval_len"] = df["eval_len"].astype(int)
     return df
@@ -378,7 +395,7 @@ def plot_positions(rows, path: Path, eval_len: int | None = None) -> Path:
     import matplotlib.pyplot as plt
 
     df = pd.DataFrame(rows) if not isinstance(rows, pd.DataFrame) else rows.copy()
-    df["label"] = df.apply(label, axis=1)
+    df["label"] = labels(df)
     for col in ("eval_len", "position_start", "position_end"):
         df[col] = df[col].astype(int)
     df["loss"] = pd.to_numeric(df["loss"])

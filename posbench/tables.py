@@ -29,7 +29,7 @@ import pandas as pd
 from posbench import results, stats
 from posbench.config import parse_list
 from posbench.errors import PosbenchError, did_you_mean
-from posbench.reporting import effective_text, label, markdown_table
+from posbench.reporting import effective_text, label, labels, markdown_table
 from posbench.runs import data_spec
 
 PathLike = str | Path
@@ -73,9 +73,9 @@ HEADLINE_LENGTHS = (64, 256, 1024)
 def headline_rows(directory: Path, table: str, groups=HEADLINE_ROWS) -> list[dict]:
     """The rows of `table` whose label is one of the headline's, each from its own folder."""
     out = []
-    for folder, labels in groups:
+    for folder, names in groups:
         rows = _rows(directory / folder, table, f"`posbench run {folder} --seeds 0,1,2 --no-speed`")
-        out += [r for r in rows if label(r) in labels]
+        out += [r for r in rows if label(r) in names]
     return out
 
 
@@ -89,8 +89,8 @@ def headline(directory: Path, *, figure: PathLike | None = None) -> str:
     df = reporting.extrapolation_frame(headline_rows(directory, "extrapolation", groups))
     effective = reporting.effective_cells(headline_rows(directory, "effective_length", groups))
     body = []
-    for _, labels in groups:
-        for name in labels:
+    for _, names in groups:
+        for name in names:
             mine = df[df["label"] == name]
             cells = []
             for n in HEADLINE_LENGTHS:
@@ -132,6 +132,11 @@ def run_probes(out: Path) -> dict[str, str]:
     return found
 
 
+# the columns a scored probe frame keeps: filtering a frame of every probes.csv column cost
+# seconds a table
+SCORED = ("run_id", "probe", "label", "ratio", "seed", "status", "hits", "answers")
+
+
 def seed_accuracy(rows: pd.DataFrame) -> pd.DataFrame:
     """Per seed, the pooled hits and answers of `rows` (variants summed) and their ratio."""
     per_seed = rows.groupby("seed")[["hits", "answers"]].sum()
@@ -149,7 +154,7 @@ def steps_table(out: Path) -> str:
     runs = runs[runs["probe"].isin(PROBES)]
     if runs.empty:
         raise PosbenchError(f"no probe runs in {out} (each run's config.json names its probe)")
-    runs["label"] = runs.apply(label, axis=1)
+    runs["label"] = labels(runs)
     columns = PROBE_COLUMNS + sorted(set(runs["label"]) - set(PROBE_COLUMNS))
     body = []
     for probe in _probes_in(runs["probe"]):
@@ -174,7 +179,8 @@ def accuracy_table(out: Path, ratios: tuple[int, ...]) -> str:
     interval of one seed's answers, or the mean over several seeds."""
     df = pd.DataFrame(_rows(out, "probes", PROBES_BY))
     df = df[df["status"].isin(["ok", "not learned"])].copy()
-    df["label"] = df.apply(label, axis=1)
+    df["label"] = labels(df)
+    df = df[list(SCORED)]
     for c in ("ratio", "hits", "answers"):
         df[c] = pd.to_numeric(df[c])
     body = []
@@ -224,7 +230,8 @@ def scored_frame(dirs: list[Path], task: str | None) -> pd.DataFrame:
     if not scored:
         raise PosbenchError(f"no scored probe rows in {', '.join(map(str, dirs))}")
     df = pd.DataFrame([r for rows in scored.values() for r in rows])
-    df["label"] = df.apply(label, axis=1)
+    df["label"] = labels(df)
+    df = df[list(SCORED)]
     for c in ("ratio", "hits", "answers", "seed"):
         df[c] = pd.to_numeric(df[c])
     return df
@@ -578,7 +585,7 @@ def extend_perplexity(out: Path, lengths: tuple[int, ...]) -> str:
     fine-tuning, perplexity at each length (mean [95% t-interval over seeds])."""
     ext = pd.DataFrame(results.read_rows(results.table_path(out, "extrapolation")))
     ext = ext[ext["status"] == "ok"]
-    ext["label"] = ext.apply(label, axis=1)
+    ext["label"] = labels(ext)
     ext["ppl"] = pd.to_numeric(ext["ppl"])
     runs = pd.DataFrame(_rows(out, "runs", "`posbench run extend`"))
     children = runs[runs["parent_run"] != ""]
@@ -634,7 +641,7 @@ def extend_passkey(out: Path) -> str | None:
         return None
     df = pd.DataFrame(results.read_rows(path))
     df = df[df["status"].isin(["ok", "not learned"])]
-    df["label"] = df.apply(label, axis=1)
+    df["label"] = labels(df)
     lengths = sorted(df["eval_len"].astype(int).unique())
     body = []
     for name, group in sorted(df.groupby("label")):
@@ -835,7 +842,7 @@ def attention_frame(directory: Path) -> pd.DataFrame:
     from posbench.attention_measures import MEASURES
 
     df = pd.DataFrame(_rows(directory, "attention", "`posbench extrapolate --attention`"))
-    df["label"] = df.apply(label, axis=1)
+    df["label"] = labels(df)
     for c in (*MEASURES, "eval_len", "layer"):
         df[c] = pd.to_numeric(df[c], errors="coerce")
     return df
@@ -859,7 +866,7 @@ def mean_ppl(directory: Path) -> pd.Series:
     if df.empty:
         return pd.Series(dtype=float)
     df = df[df["status"] == "ok"]
-    df["label"] = df.apply(label, axis=1)
+    df["label"] = labels(df)
     df["ppl"] = pd.to_numeric(df["ppl"])
     df["eval_len"] = pd.to_numeric(df["eval_len"])
     return df.groupby(["label", "eval_len"])["ppl"].mean()
