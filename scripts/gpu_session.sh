@@ -161,7 +161,7 @@ standard)
 probes)
     # Probe runs are small: one CPU thread each drives the GPU, so runs go side by side on worker
     # processes (`posbench run --workers auto`: as many as the GPU's free memory holds at about 8 GB
-    # each, the longest expected run first). SEEDS (default 3-9) chooses the seeds; PROBE_SCHEMES
+    # each, the longest expected run first). SEEDS (default the task's, 0-14) chooses the seeds; PROBE_SCHEMES
     # the scheme labels (default all); WORKERS a number instead of auto; ENSEMBLE the --ensemble
     # setting (default off: each run alone, as results/probes/seeds). Without PROBE_SCHEMES the
     # runs results/probes/seeds already holds are merged first and not trained again; with it the
@@ -169,8 +169,9 @@ probes)
     # Runs cut short keep their checkpoints in $out/probes/probes (kept between calls on one
     # machine) and a later call continues them (--resume).
     limit="${3:-540}"
-    task=probe-seeds seeds="${SEEDS:-3,4,5,6,7,8,9}" workers="${WORKERS:-auto}"
-    only=()
+    task=probe-seeds workers="${WORKERS:-auto}"
+    only=() seeds=()
+    [ -n "${SEEDS:-}" ] && seeds=(--seeds "$SEEDS")
     [ -n "${PROBE_SCHEMES:-}" ] && only=(--schemes "$PROBE_SCHEMES")
     if [ "$smoke" = 1 ]; then
         shrink tasks/probe-seeds.toml "$work/probe-seeds-smoke.toml" steps=4 eval_interval=2 \
@@ -182,7 +183,7 @@ probes)
     finished() { grep -c ',ok,' "$work/probes/runs.csv" 2>/dev/null || echo 0; }
     before=$(finished)
     TORCHINDUCTOR_COMPILE_THREADS=1 timeout --signal=INT --kill-after=90 "$limit" \
-        python3 -m posbench run "$task" --workers "$workers" --seeds "$seeds" --device "$device" \
+        python3 -m posbench run "$task" --workers "$workers" "${seeds[@]}" --device "$device" \
             --compile off --ensemble "${ENSEMBLE:-off}" "${only[@]}" --no-speed --resume --out "$work/probes" || true
     echo "probe-seeds: $(( $(finished) - before )) runs finished in this call"
     [ -f "$work/probes/runs.csv" ] && pb report "$work/probes"
@@ -240,7 +241,7 @@ EOF
 loan)
     # One device loan's worth in one call, each step under its own time limit so that a slow step
     # costs only itself: the CUDA tests alone (-k cuda), the ensemble part (SEEDS=0-9, two solo
-    # runs), the probes part for PROBE_SECONDS (default 240: fox's seeds PROBE_SEEDS, default 3-9,
+    # runs), the probes part for PROBE_SECONDS (default 240: fox's seeds PROBE_SEEDS, default 3-14,
     # trained here against their rows from a CPU in results/probes/seeds), then the
     # speed steps of PLAN ("SCHEMES:LENGTH ...", default the rows results/speed still lacks),
     # within BUDGET seconds (default 540) in all. A step starts only with at least 60 s left.
@@ -266,7 +267,7 @@ loan)
     SEEDS=0-9 SOLO_SEEDS=0-1 step ensemble 120 bash "$0" ensemble "$scratch/e"
     [ -f "$scratch/e/ensemble.tar.gz" ] && cp "$scratch/e/ensemble.tar.gz" "$out/"
     if (( probe_seconds > 0 )); then
-        SEEDS="${PROBE_SEEDS:-3,4,5,6,7,8,9}" PROBE_SCHEMES="${PROBE_SCHEMES-fox}" \
+        SEEDS="${PROBE_SEEDS:-3-14}" PROBE_SCHEMES="${PROBE_SCHEMES-fox}" \
             step probes $(( probe_seconds + 100 )) \
             bash "$0" probes "$scratch/p" "$probe_seconds"
         for table in runs probes; do
