@@ -610,6 +610,15 @@ def test_probe_list(capsys):
     assert "RULER" in printed and "Zoology" in printed and "Kazemnejad" in printed
 
 
+def test_probe_list_of_named_probes(capsys):
+    assert main(["probe", "--list", "--probe", "mqar,passkey,mqar"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("│ mqar ") == 1 and printed.count("│ passkey ") == 1
+    assert not any(f"│ {name} " in printed for name in NAMES if name not in ("mqar", "passkey"))
+    assert main(["probe", "--list", "--probe", "ruler:cwe"]) == 2
+    assert "RULER's prompts for a pretrained model" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args, message", [
     (["probe", "--probe", "pasky"], "did you mean 'passkey'"),
     (["probe", "--probe", "copy:colour=red"], "unknown option 'colour'"),

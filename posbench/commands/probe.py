@@ -25,7 +25,8 @@ PAGES = ('probes.md',)
 def probe(
     probe: Annotated[Optional[str], typer.Option(help="probe names, comma-separated (see --list)")] = None,
     *,
-    list_: Annotated[bool, typer.Option("--list", help="list every probe: settings and reference")] = False,
+    list_: Annotated[bool, typer.Option("--list", help="list the probes (those of --probe, or every one): settings "
+                                                       "and reference")] = False,
     runs_dir: RunsDir = Path("runs"),
     task: Task = None,
     schemes: Schemes = None,
@@ -46,9 +47,9 @@ def probe(
     from posbench.probes import probe_name
 
     load_plugins(plugins)
-    if list_:
-        return to_frame(catalogue(), listing=True)
     chosen = names(probe) if probe else None
+    if list_:
+        return to_frame(catalogue(chosen), listing=True)
     if not chosen:
         raise PosbenchError("name probes with --probe NAME[,NAME] (see `posbench probe --list`)")
     t = config.load_task(task or ("pretrained" if model else None))
@@ -98,11 +99,20 @@ def check_names(chosen: tuple[str, ...], model: bool) -> None:
             parse_probe(name)
 
 
-def catalogue() -> list[dict[str, str]]:
-    from posbench.probes import PROBES, parse_probe
+def catalogue(chosen: Optional[Sequence[str]] = None) -> list[dict[str, str]]:
+    """A row per probe: those named, or every one."""
+    from posbench import ruler
+    from posbench.probes import PROBES, parse_probe, probe_name
 
+    for spec in chosen or ():
+        if ruler.is_ruler(spec):
+            raise PosbenchError(f"{spec} is one of RULER's prompts for a pretrained model; --list lists the probes "
+                                f"posbench trains models on")
+        parse_probe(probe_name(spec))
+    named = dict.fromkeys(probe_name(spec) for spec in chosen) if chosen else sorted(PROBES)
     return [{"name": name, "what it asks": (p := parse_probe(name)).summary, "default settings": p.settings(),
-             "reference": p.reference, "source": plugins.describe(PROBES[name])} for name in sorted(PROBES)]
+             "reference": p.reference, "source": plugins.describe(PROBES[name])}
+            for name in named]
 
 
 def show(result: pd.DataFrame) -> int:
