@@ -12,7 +12,6 @@ Improvements beyond the same bound and a different corpus or task version are wa
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -41,11 +40,7 @@ def _table_file(path: Path) -> Path:
 
 
 def _provenance(path: Path) -> dict:
-    prov = (path if path.is_dir() else path.parent) / "provenance.json"
-    try:
-        return json.loads(prov.read_text()) if prov.exists() else {}
-    except ValueError:
-        return {}
+    return results.read_provenance(path if path.is_dir() else path.parent)
 
 
 # Columns compare reads besides the key.

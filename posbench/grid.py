@@ -287,7 +287,7 @@ def run_speed_once(task: Task, out: Path, device: str, log) -> int:
 
 def write_provenance(task: Task, out: Path, shard: tuple[int, int], device: str = "cpu") -> None:
     """provenance.json: the task, the command, and the machine kind this invocation ran on (each
-    row of the tables records its own)."""
+    row of the tables records its own); the folders merged into it before are kept."""
     import sys
 
     prov = {
@@ -299,4 +299,6 @@ def write_provenance(task: Task, out: Path, shard: tuple[int, int], device: str 
         **results.provenance(device, ""),
     }
     prov.pop("device"), prov.pop("dtype"), prov.pop("corpus")
+    if "merged" in (before := results.read_provenance(out)):
+        prov["merged"] = before["merged"]  # the folders merged in before this run
     results.write_atomic(out / "provenance.json", json.dumps(prov, indent=1) + "\n")

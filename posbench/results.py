@@ -13,6 +13,7 @@ import csv
 import fcntl
 import functools
 import io
+import json
 import os
 import platform
 import secrets
@@ -372,6 +373,34 @@ def git_sha() -> str:
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def read_provenance(directory: Path | str) -> dict:
+    """A results folder's provenance.json ({} where it has none, or one that is not JSON)."""
+    path = Path(directory) / "provenance.json"
+    try:
+        return json.loads(path.read_text()) if path.exists() else {}
+    except ValueError:
+        return {}
+
+
+# what a merged folder's provenance.json says made it, kept in the folder it is merged into
+MADE_BY = ("command", "task", "shard", "machine", "git_sha", "created")
+
+
+def record_merge(directory: Path | str, source: Path | str, rows: dict[str, int]) -> None:
+    """Add to directory/provenance.json's `merged` list what `posbench report --merge` brought in:
+    the folder, what made it (its own provenance.json's command, task, shard, machine kind, commit
+    and date, where it has one), the rows each table took, and when. A grid run into the folder
+    later keeps the list."""
+    made = read_provenance(source)
+    entry = {"folder": str(source), **{k: made[k] for k in MADE_BY if k in made}, "rows": rows,
+             "merged": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    path = Path(directory) / "provenance.json"
+    with _locked(path):
+        prov = read_provenance(directory)
+        prov.setdefault("merged", []).append(entry)
+        write_atomic(path, json.dumps(prov, indent=1) + "\n")
 
 
 def provenance(device: str, dtype: str, corpus: str = "") -> dict[str, str]:

@@ -109,6 +109,11 @@ def test_shards_partition_the_grid_and_merge_to_the_full_rows(task_file, full_ru
     run_task(task, tmp_path / "s2", (2, 2), device="cpu", speed=False)
     assert main(["report", str(tmp_path / "s1"), "--merge", str(tmp_path / "s2")]) == 0
     assert key_rows(tmp_path / "s1") == key_rows(full_run)
+    merged = results.read_provenance(tmp_path / "s1")["merged"]  # what came in, and what made it
+    assert len(merged) == 1 and merged[0]["folder"] == str(tmp_path / "s2") and merged[0]["shard"] == "2/2"
+    assert merged[0]["rows"]["runs"] == len(ids_b) == len(results.read_rows(tmp_path / "s2" / "runs.csv"))
+    run_task(task, tmp_path / "s1", (1, 2), device="cpu", speed=False, resume=True)  # a grid run later keeps it
+    assert results.read_provenance(tmp_path / "s1")["merged"] == merged
     assert key_rows(tmp_path / "s1", "positions") == key_rows(full_run, "positions")
     report = (tmp_path / "s1" / "report.md").read_text()
     assert "## Extrapolation" in report and "learned+hierarchical (2 seeds)" in report and "] |" in report

@@ -32,7 +32,7 @@ def report(
 
     config.replace(config.EvalConfig(), effective_tolerance=tolerance, effective_threshold=threshold,
                    effective_share=share)  # range checks
-    incoming = []  # read (and checked) every table before merging any, so a bad one merges nothing
+    incoming = {}  # read (and checked) every table before merging any, so a bad one merges nothing
     for other in merge or []:
         if not Path(other).is_dir():
             raise PosbenchError(f"no results directory {str(other)!r}")
@@ -41,9 +41,11 @@ def report(
             rows = (results.read_probes(other) if table == "probes"
                     else results.read_rows(results.table_path(other, table)))
             if rows:
-                incoming.append((table, rows))
-    for table, rows in incoming:
-        results.merge_rows(directory, table, rows)
+                incoming.setdefault(Path(other), []).append((table, rows))
+    for other, tables in incoming.items():
+        for table, rows in tables:
+            results.merge_rows(directory, table, rows)
+        results.record_merge(directory, other, {table: len(rows) for table, rows in tables})
     warn_mixed_machines(Path(directory))
     return reporting.write_report(directory, tolerance, threshold, share)
 
