@@ -322,8 +322,8 @@ class Pretrained:
 
 @contextlib.contextmanager
 def _read_once(kind: str):
-    """While a GGUF model loads, each of its files is parsed once. transformers reads the file's
-    header for the configuration, again for the tokenizer and again for the weights, and builds
+    """While a GGUF model loads, its file is parsed once. transformers reads the file's header
+    for the configuration, again for the tokenizer and again for the weights, and builds
     gguf's table of tensor names once per module (some 400 times for SmolLM2-135M): the same reader
     and the same table each time, so both are kept for the length of one load (SmolLM2-135M loads
     in about half the time)."""
