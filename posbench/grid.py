@@ -299,6 +299,4 @@ def write_provenance(task: Task, out: Path, shard: tuple[int, int], device: str 
         **results.provenance(device, ""),
     }
     prov.pop("device"), prov.pop("dtype"), prov.pop("corpus")
-    if "merged" in (before := results.read_provenance(out)):
-        prov["merged"] = before["merged"]  # the folders merged in before this run
-    results.write_atomic(out / "provenance.json", json.dumps(prov, indent=1) + "\n")
+    results.write_provenance(out, prov)

@@ -322,11 +322,12 @@ class Pretrained:
 
 @contextlib.contextmanager
 def _read_once(kind: str):
-    """While a GGUF model loads, its file is parsed once. transformers reads the file's header
-    for the configuration, again for the tokenizer and again for the weights, and builds
-    gguf's table of tensor names once per module (some 400 times for SmolLM2-135M): the same reader
-    and the same table each time, so both are kept for the length of one load (SmolLM2-135M loads
-    in about half the time)."""
+    """While a GGUF model loads, gguf's reader parses its file once. transformers (5.x) reads the
+    file through gguf.GGUFReader for the configuration, again when the tokenizer reads the
+    configuration, and again for the weights, and builds gguf's table of tensor names once per
+    module (some 400 times for SmolLM2-135M): the same file and the same table each time, so both
+    are kept for the length of one load (SmolLM2-135M loads in about half the time). transformers
+    imports both from gguf when it calls them; gguf's own are back once the load ends."""
     if kind != "gguf":
         yield
         return

@@ -376,30 +376,56 @@ def git_sha() -> str:
 
 
 def read_provenance(directory: Path | str) -> dict:
-    """A results folder's provenance.json ({} where it has none, or one that is not JSON)."""
+    """A results folder's provenance.json ({} where it has none, or one that is not a JSON object)."""
     path = Path(directory) / "provenance.json"
     try:
-        return json.loads(path.read_text()) if path.exists() else {}
+        prov = json.loads(path.read_text()) if path.exists() else {}
     except ValueError:
         return {}
+    return prov if isinstance(prov, dict) else {}
+
+
+def check_provenance(directory: Path | str) -> None:
+    """One line, before anything is merged into `directory`, where its provenance.json exists but is
+    not one posbench can add a `merged` entry to (not a JSON object, or its `merged` not a list)."""
+    path = Path(directory) / "provenance.json"
+    if not path.exists():
+        return
+    try:
+        prov = json.loads(path.read_text())
+    except ValueError as e:
+        raise PosbenchError(f"{path} is not JSON ({e}); move it aside to merge into {directory}") from None
+    if not isinstance(prov, dict) or not isinstance(prov.get("merged", []), list):
+        raise PosbenchError(f"{path} is not a provenance record (a JSON object whose `merged` is a list); "
+                            f"move it aside to merge into {directory}")
 
 
 # what a merged folder's provenance.json says made it, kept in the folder it is merged into
-MADE_BY = ("command", "task", "shard", "machine", "git_sha", "created")
+MADE_BY = ("command", "task", "shard", "machine", "git_sha", "created", "merged")
 
 
 def record_merge(directory: Path | str, source: Path | str, rows: dict[str, int]) -> None:
     """Add to directory/provenance.json's `merged` list what `posbench report --merge` brought in:
-    the folder, what made it (its own provenance.json's command, task, shard, machine kind, commit
-    and date, where it has one), the rows each table took, and when. A grid run into the folder
-    later keeps the list."""
+    the folder as named, what made it (its own provenance.json's command, task, shard, machine
+    kind, commit, date and the folders merged into it, where it has them), the rows it brought to
+    each table, and when. Checked first by check_provenance."""
     made = read_provenance(source)
     entry = {"folder": str(source), **{k: made[k] for k in MADE_BY if k in made}, "rows": rows,
-             "merged": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+             "when": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
     path = Path(directory) / "provenance.json"
     with _locked(path):
         prov = read_provenance(directory)
-        prov.setdefault("merged", []).append(entry)
+        prov["merged"] = [*prov.get("merged", []), entry]
+        write_atomic(path, json.dumps(prov, indent=1) + "\n")
+
+
+def write_provenance(directory: Path | str, prov: dict) -> None:
+    """directory/provenance.json for a grid run into it: `prov`, with the folders merged into it
+    before kept."""
+    path = Path(directory) / "provenance.json"
+    with _locked(path):
+        if "merged" in (before := read_provenance(directory)):
+            prov = {**prov, "merged": before["merged"]}
         write_atomic(path, json.dumps(prov, indent=1) + "\n")
 
 

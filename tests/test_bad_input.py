@@ -242,6 +242,37 @@ def test_report_merge_refuses_junk_and_merges_nothing(kind, table, capsys, tmp_p
     assert snapshot(mine) == before
 
 
+@pytest.mark.parametrize("junk, message", [("{not json", "is not JSON"), ("[1, 2]", "is not a provenance record"),
+                                            ('{"merged": 3}', "is not a provenance record")])
+def test_report_merge_into_a_folder_with_a_junk_provenance_merges_nothing(junk, message, capsys, tmp_path):
+    mine, other = _baseline_copy(tmp_path, "mine"), _baseline_copy(tmp_path, "other")
+    _edit_csv(results.table_path(other, "runs"), lambda rows, cols: [r.update(run_id="x" + r["run_id"]) for r in rows])
+    (mine / "provenance.json").write_text(junk)
+    before = snapshot(mine)
+    fails(["report", mine, "--merge", other], capsys, message)
+    assert snapshot(mine) == before
+
+
+def test_report_merge_records_the_merged_folders(capsys, tmp_path):
+    """provenance.json's `merged`: each folder merged, with what made it (and what was merged into
+    it before: a chain of merges keeps every link) and the rows it brought."""
+    mine, mid, last = (_baseline_copy(tmp_path, name) for name in ("mine", "mid", "last"))
+    for folder, prefix in ((mid, "m"), (last, "l")):
+        _edit_csv(results.table_path(folder, "runs"), lambda rows, cols: [r.update(run_id=prefix + r["run_id"])
+                                                                          for r in rows])
+    (last / "provenance.json").write_text('{"command": "posbench run ci --shard 2/2", "shard": "2/2"}')
+    assert main(["report", str(mid), "--merge", str(last)]) == 0
+    assert main(["report", str(mine), "--merge", str(mid)]) == 0
+    merged = results.read_provenance(mine)["merged"]
+    assert [e["folder"] for e in merged] == [str(mid)]
+    assert merged[0]["rows"]["runs"] == len(results.read_rows(results.table_path(mid, "runs")))  # its own and last's
+    assert len(results.read_rows(results.table_path(mine, "runs"))) == 3 * len(
+        results.read_rows(results.table_path(BASELINE, "runs")))
+    inner = merged[0]["merged"]
+    assert [e["folder"] for e in inner] == [str(last)] and inner[0]["shard"] == "2/2"
+    assert inner[0]["command"] == "posbench run ci --shard 2/2"
+
+
 @pytest.mark.parametrize("kind", sorted(GARBAGE))
 def test_report_refuses_junk(kind, capsys, tmp_path):
     mine = _baseline_copy(tmp_path, "mine")

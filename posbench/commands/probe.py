@@ -108,7 +108,7 @@ def catalogue(chosen: Optional[Sequence[str]] = None) -> list[dict[str, str]]:
         if ruler.is_ruler(spec):
             raise PosbenchError(f"{spec} is one of RULER's prompts for a pretrained model; --list lists the probes "
                                 f"posbench trains models on")
-        parse_probe(probe_name(spec))
+        parse_probe(spec)
     named = dict.fromkeys(probe_name(spec) for spec in chosen) if chosen else sorted(PROBES)
     return [{"name": name, "what it asks": (p := parse_probe(name)).summary, "default settings": p.settings(),
              "reference": p.reference, "source": plugins.describe(PROBES[name])}

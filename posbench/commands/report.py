@@ -33,6 +33,8 @@ def report(
     config.replace(config.EvalConfig(), effective_tolerance=tolerance, effective_threshold=threshold,
                    effective_share=share)  # range checks
     incoming = {}  # read (and checked) every table before merging any, so a bad one merges nothing
+    if merge:
+        results.check_provenance(directory)
     for other in merge or []:
         if not Path(other).is_dir():
             raise PosbenchError(f"no results directory {str(other)!r}")
