@@ -35,11 +35,12 @@ def report(
     incoming = {}  # read (and checked) every table before merging any, so a bad one merges nothing
     if merge:
         results.check_provenance(directory)
+        for table in results.TABLES:
+            results.read_rows(results.table_path(directory, table))
     for other in merge or []:
         if not Path(other).is_dir():
             raise PosbenchError(f"no results directory {str(other)!r}")
         for table in results.TABLES:
-            results.read_rows(results.table_path(directory, table))
             rows = (results.read_probes(other) if table == "probes"
                     else results.read_rows(results.table_path(other, table)))
             if rows:
