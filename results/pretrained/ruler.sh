@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The RULER part of the reading (results/pretrained/README.md): RULER's niah single (noise and
+# essay haystacks), multikey with distractors, multivalue, multiquery, vt, cwe and fwe at 8k (the
+# model's context) and 16k, under none, yarn, self-extend and longrope, 10 prompts a cell.
+# Two shards side by side, one thread each:
+#     bash results/pretrained/ruler.sh 1 & bash results/pretrained/ruler.sh 2; wait
+# A policy's rows are written as each length finishes, and --resume keeps the cells that
+# results/pretrained holds already, so a stopped shard, started again, goes on where it stopped.
+set -euo pipefail
+export OMP_NUM_THREADS=1  # one thread per command: on cores shared with other jobs, two threads wait on each other
+case "${1:-}" in
+  1) tasks="niah_single_1 niah_multikey_1 niah_multiquery cwe" ;;
+  2) tasks="niah_single_2 niah_multivalue vt fwe" ;;
+  *) echo "usage: bash results/pretrained/ruler.sh 1|2 (the shard)" >&2; exit 2 ;;
+esac
+stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
+stamp "start shard $1"
+for task in $tasks; do
+  posbench probe --task pretrained --probe "ruler:$task" --lengths 8192,16384 --trials 10 \
+    --rope-scaling none,yarn,self-extend,longrope --resume --out results/pretrained
+  stamp "$task"
+done
