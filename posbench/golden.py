@@ -49,10 +49,11 @@ GOLDEN: dict[str, RunSpec] = {
 
 # The logged values whose bits depend on the machine, and how far they may move on another kind:
 # a relative change of the losses, an absolute one of the accuracy (a fraction of the answers).
-# Kernels of another vector extension (AVX2 for AVX-512: ATEN_CPU_CAPABILITY, MKL_ENABLE_INSTRUCTIONS
-# and ONEDNN_MAX_CPU_ISA set to it) move the probe golden's losses by up to 3% and its accuracy by
-# under a point (posbench/docs/reproducibility.md): the limits leave room for kinds further apart.
-TOLERANCE = {"loss": 0.1, "val_loss": 0.1, "val_accuracy": 0.05}
+# The probe golden ends as mqar starts to leave its plateau, where the last bits decide how fast:
+# on one Intel Xeon, with other threads or kernels (AVX2 for AVX-512), its accuracy moved by up to
+# 4.6 points (step 300) and its losses by up to 7.4% (step 294) from the golden's
+# (posbench/docs/reproducibility.md): the limits are about twice that.
+TOLERANCE = {"loss": 0.15, "val_loss": 0.15, "val_accuracy": 0.1}
 EXACT = ("step", "lr", "tokens")  # the same on every machine
 
 

@@ -71,6 +71,15 @@ def test_another_machine_kind_compares_within_the_tolerance(recorded, tmp_path, 
     one_ulp_off(monkeypatch)  # last bits differ, as on another kind: within the tolerance
     verdict = golden.check(other)
     assert verdict.ok and not verdict.exact and "within tolerance" in verdict.line and "another CPU" in verdict.line
+    found = raw["log"][5]["val_accuracy"]
+    raw["log"][5]["val_accuracy"] = found + 0.08 if found < 0.5 else found - 0.08  # 8 points: within it
+    other.write_text(json.dumps(raw))
+    assert golden.check(other).ok
+    raw["log"][5]["val_accuracy"] = found + 0.12 if found < 0.5 else found - 0.12  # 12 points: beyond it
+    other.write_text(json.dumps(raw))
+    verdict = golden.check(other)
+    assert not verdict.ok and "step 6 val_accuracy" in verdict.line
+    raw["log"][5]["val_accuracy"] = found
     raw["log"][7]["loss"] *= 1 + 2 * golden.TOLERANCE["loss"]  # beyond it
     other.write_text(json.dumps(raw))
     verdict = golden.check(other)
