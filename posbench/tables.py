@@ -246,8 +246,9 @@ def steps_cell(steps: list[tuple[int, bool]]) -> str:
     def word(s: tuple[int, bool]) -> str:
         return f"{s[0]:,}" + ("+" if s[1] else "")
 
-    mid = steps[len(steps) // 2] if len(steps) % 2 else None
-    median = word(mid) if mid else f"{(steps[len(steps) // 2 - 1][0] + steps[len(steps) // 2][0]) / 2:,.0f}"
+    low, high = steps[(len(steps) - 1) // 2], steps[len(steps) // 2]
+    # of an even count, the mean of the middle two: a lower bound (+) when the upper one did not stop
+    median = f"{(low[0] + high[0]) / 2:,.0f}" + ("+" if high[1] else "")
     if len(steps) == 1:
         return median
     return f"{median} ({word(steps[0])}-{word(steps[-1])})"

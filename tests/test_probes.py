@@ -807,3 +807,14 @@ def test_probes_table_over_seeds_reads_folders_as_one(tmp_path):
     assert row.endswith("| every seed, not the interval |")  # 3 seeds: t(2) makes it [-5, +45]
     with pytest.raises(PosbenchError, match="bad pair 'rope-none-copy': expected A:B:PROBE"):
         table("probes", folders, pairs="rope-none-copy")
+
+
+@pytest.mark.parametrize("steps, cell", [
+    ([(400, False), (1000, False), (8000, True)], "1,000 (400-8,000+)"),
+    ([(400, False), (1000, False), (1400, False), (8000, True)], "1,200 (400-8,000+)"),
+    ([(400, False), (7600, False), (8000, True), (8000, True)], "7,800+ (400-8,000+)"),  # at least 7,800
+    ([(2000, False), (8000, True), (8000, True), (8000, True)], "8,000+ (2,000-8,000+)"),
+])
+def test_steps_cell_marks_a_median_that_a_run_without_a_stop_bounds(steps, cell):
+    from posbench.tables import steps_cell
+    assert steps_cell(steps) == cell
