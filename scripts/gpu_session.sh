@@ -161,7 +161,7 @@ standard)
 probes)
     # Probe runs are small: one CPU thread each drives the GPU, so runs go side by side on worker
     # processes (`posbench run --workers auto`: as many as the GPU's free memory holds at about 8 GB
-    # each, the longest expected run first). SEEDS (default the task's, 0-14) chooses the seeds; PROBE_SCHEMES
+    # each, the longest expected run first). SEEDS (default the task's, 0-15) chooses the seeds; PROBE_SCHEMES
     # the scheme labels (default all); WORKERS a number instead of auto; ENSEMBLE the --ensemble
     # setting (default off: each run alone, as results/probes/seeds). Without PROBE_SCHEMES the
     # runs results/probes/seeds already holds are merged first and not trained again; with it the
@@ -241,7 +241,7 @@ EOF
 loan)
     # One device loan's worth in one call, each step under its own time limit so that a slow step
     # costs only itself: the CUDA tests alone (-k cuda), the ensemble part (SEEDS=0-9, two solo
-    # runs), the probes part for PROBE_SECONDS (default 240: fox's seeds PROBE_SEEDS, default 3-14,
+    # runs), the probes part for PROBE_SECONDS (default 240: fox's seeds PROBE_SEEDS, default 3-15,
     # trained here against their rows from a CPU in results/probes/seeds), then the
     # speed steps of PLAN ("SCHEMES:LENGTH ...", default the rows results/speed still lacks),
     # within BUDGET seconds (default 540) in all. A step starts only with at least 60 s left.
@@ -267,7 +267,7 @@ loan)
     SEEDS=0-9 SOLO_SEEDS=0-1 step ensemble 120 bash "$0" ensemble "$scratch/e"
     [ -f "$scratch/e/ensemble.tar.gz" ] && cp "$scratch/e/ensemble.tar.gz" "$out/"
     if (( probe_seconds > 0 )); then
-        SEEDS="${PROBE_SEEDS:-3-14}" PROBE_SCHEMES="${PROBE_SCHEMES-fox}" \
+        SEEDS="${PROBE_SEEDS:-3-15}" PROBE_SCHEMES="${PROBE_SCHEMES-fox}" \
             step probes $(( probe_seconds + 100 )) \
             bash "$0" probes "$scratch/p" "$probe_seconds"
         for table in runs probes; do
