@@ -21,8 +21,9 @@ noisy heads' q and k (posbench.schemes.dope) before a causal softmax.
 Perplexity is posbench.evaluate's: the model is a Scorer (`Pretrained.losses`, one window per
 forward) read by the same `score`, over the task's corpus tokenized by the model's tokenizer, the
 same windows, per-position buckets, window losses for paired comparisons, intervals, effective
-length. Rows are keyed by the model (`run_id` = kind:name@sha256 of its file or folder),
-never by a training run. Passkey follows the classic prompt (`passkey_prompt`), decoded greedily;
+length. Rows are keyed by the model (`run_id` = kind:name@sha256 of its file or folder, with
+`+bfloat16` after the name when `--dtype bfloat16` runs its weights in bfloat16, as RULER and vLLM
+run models), never by a training run. Passkey follows the classic prompt (`passkey_prompt`), decoded greedily;
 RULER's synthetic tasks (`ruler:TASK`) take the prompts of posbench.ruler, decoded greedily too,
 and both write probes.csv rows through `judge_prompts`.
 """
@@ -48,9 +49,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from posbench import results, ruler
-from posbench.config import EvalConfig, ProbesConfig
+from posbench.config import DTYPES, EvalConfig, ProbesConfig
 from posbench.data import load_corpus
-from posbench.errors import PosbenchError, first_line
+from posbench.errors import PosbenchError, did_you_mean, first_line
 from posbench.evaluate import (ATTN_BYTES, correlated_windows, detect_dpe, detection_windows, dpe_note, key_tokens,
                                loss_interval, position_rows, record, scaling_of, score, stride_for, window_rows, windows)
 from posbench.extension import columns as extension_columns
@@ -248,10 +249,14 @@ class Pretrained:
     tokenizer: object
     rotary: Rotary
     sha256: str
+    dtype: str = "float32"  # what its weights and activations compute in
 
     @property
     def name(self) -> str:
-        return self.path.stem if self.path.is_file() else self.path.name
+        """The model's name in rows (their `scheme`): its file's or folder's, with the dtype after a
+        `+` unless float32, so that a table never mixes one precision's numbers with the other's."""
+        stem = self.path.stem if self.path.is_file() else self.path.name
+        return stem if self.dtype == "float32" else f"{stem}+{self.dtype}"
 
     @property
     def run_id(self) -> str:
@@ -279,12 +284,13 @@ class Pretrained:
         """(weights, peak activations) in bytes, estimated for one window of `length` tokens."""
         c = self.model.config
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        per_token = 4 * (6 * c.hidden_size + 3 * c.intermediate_size)  # residual, norms, q/k/v/o, MLP
+        size = next(self.model.parameters()).element_size()  # bytes of an activation
+        per_token = size * (6 * c.hidden_size + 3 * c.intermediate_size)  # residual, norms, q/k/v/o, MLP
         keys = 4 * length * c.num_attention_heads * self.rotary.dim  # one layer's keys (or values), float32
-        # two maps: keys and values repeated over the heads, the keys turned for each map, a block's scores;
-        # dope: keys and values repeated, and Gaussian q and k beside them
+        # two maps: keys and values repeated over the heads (in float32), the keys turned for each map, a
+        # block's scores; dope: keys and values repeated, and Gaussian q and k beside them
         kind = self.rotary.scaling.kind
-        attention = 4 * keys + ATTN_BYTES if kind in TWO_MAPS else 6 * keys if kind == "dope" else 2 * keys
+        attention = 4 * keys + ATTN_BYTES if kind in TWO_MAPS else 6 * keys if kind == "dope" else 2 * keys * size // 4
         return weights, per_token * length + attention + 3 * 4 * LOGIT_CHUNK * c.vocab_size
 
     @property
@@ -350,8 +356,11 @@ def _quiet(kind: str):
     return contextlib.redirect_stderr(io.StringIO()) if kind == "gguf" else contextlib.nullcontext()
 
 
-def load(spec: str, base: Path | None = None, device: torch.device | str = "cpu") -> Pretrained:
-    """The model of `spec` on `device` in float32, its rotary embedding swapped for posbench's."""
+def load(spec: str, base: Path | None = None, device: torch.device | str = "cpu", dtype: str = "float32") -> Pretrained:
+    """The model of `spec` on `device` in `dtype` (float32 or bfloat16: a GGUF file's tensors are
+    de-quantized to float32 first), its rotary embedding swapped for posbench's."""
+    if dtype not in DTYPES:
+        raise did_you_mean(dtype, DTYPES, "dtype")
     kind, path = parse(spec, base)
     require_extra(kind)
     os.environ["HF_HUB_OFFLINE"] = "1"  # read at import: never a request to the hub
@@ -377,14 +386,14 @@ def load(spec: str, base: Path | None = None, device: torch.device | str = "cpu"
                 tokenizer = AutoTokenizer.from_pretrained(**where)
         except Exception as e:
             raise PosbenchError(f"cannot load {spec}: {first_line(e)}{_cut_short(e, kind, path)}") from None
-    model.to(device).eval()
+    model.to(device, dtype=getattr(torch, dtype)).eval()
     _register_attention()
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     rotary = Rotary(head_dim, float(config.rope_parameters["rope_theta"]), int(config.max_position_embeddings))
     model.model.rotary_emb = rotary
     for layer in model.model.layers:
         layer.self_attn.posbench_rotary = rotary
-    return Pretrained(spec, path, model, tokenizer, rotary, file_hash(path))
+    return Pretrained(spec, path, model, tokenizer, rotary, file_hash(path), dtype)
 
 
 def _cut_short(e: Exception, kind: str, path: Path) -> str:
@@ -423,7 +432,7 @@ def memory_line(m: Pretrained, scalings: list[RopeScaling], length: int) -> str:
     weights, peak = m.memory(length)
     m.rotary.scaling = saved
     params = sum(p.numel() for p in m.model.parameters())
-    return (f"{m.run_id}: {params / 1e6:.0f}M parameters in float32 ({gib(weights)}); one window of {length} tokens "
+    return (f"{m.run_id}: {params / 1e6:.0f}M parameters in {m.dtype} ({gib(weights)}); one window of {length} tokens "
             f"needs about {gib(weights + peak)} in all ({worst.label} the largest), context {m.train_len}")
 
 
@@ -455,16 +464,16 @@ def say(text: str) -> None:
 
 
 def extrapolate(spec: str, cfg: EvalConfig, data: str, out: Path, task: str, progress: bool = False,
-                base: Path | None = None, device: torch.device | str = "cpu") -> list[dict]:
+                base: Path | None = None, device: torch.device | str = "cpu", dtype: str = "float32") -> list[dict]:
     """Perplexity of a pretrained model at every length under every policy of `cfg`: rows merged into
     out/extrapolation.csv, positions.csv and windows.csv, as posbench.evaluate writes them for runs."""
-    m = load(spec, base, device)
+    m = load(spec, base, device, dtype)
     scalings = policies(m, cfg)
     say(memory_line(m, scalings, max(cfg.lengths)))
     stream, fingerprint = token_stream(m, data)
     base_row = {"run_id": m.run_id, "task": task, "scheme": m.name, "params": str(m.path), "seed": 0,
                 "train_len": m.train_len, "mode": cfg.mode, **extension_columns(None), "position_draws": 0,
-                **results.provenance(m.device.type, "float32", fingerprint)}
+                **results.provenance(m.device.type, m.dtype, fingerprint)}
     for table in ("windows", "extrapolation", "positions"):
         results.read_rows(results.table_path(out, table))  # a damaged table fails before any is written
     rows = []
@@ -538,7 +547,7 @@ def model_row(m: Pretrained, cfg: ProbesConfig, task: str, probe: str, spec: str
     """The probes.csv columns that every row of a pretrained model's probe shares."""
     return {"run_id": m.run_id, "task": task, "probe": probe, "spec": spec, "scheme": m.name, "params": str(m.path),
             "seed": cfg.seed, "train_len": m.train_len, **extension_columns(None), "position_draws": 0,
-            **results.provenance(m.device.type, "float32", f"{m.tokenizer.__class__.__name__}-{m.sha256[:12]}{corpus}")}
+            **results.provenance(m.device.type, m.dtype, f"{m.tokenizer.__class__.__name__}-{m.sha256[:12]}{corpus}")}
 
 
 def judge_prompts(m: Pretrained, scalings: list[RopeScaling], prompts: dict[tuple, list], verdicts, base_row: dict,
@@ -617,10 +626,10 @@ def dpe_on_prompt(m: Pretrained, scaling: RopeScaling, tokens: list[int]) -> str
 
 def passkey(spec: str, cfg: ProbesConfig, eval_cfg: EvalConfig, lengths: tuple[int, ...], out: Path, task: str,
             progress: bool = False, base: Path | None = None, resume: bool = False,
-            device: torch.device | str = "cpu") -> list[dict]:
+            device: torch.device | str = "cpu", dtype: str = "float32") -> list[dict]:
     """probes.csv rows of the passkey test on a pretrained model: every policy x length x depth,
     `cfg.trials` prompts each, the same prompts for every policy (`resume`: judge_prompts)."""
-    m = load(spec, base, device)
+    m = load(spec, base, device, dtype)
     probe = parse_probe("passkey")
     scalings = policies(m, eval_cfg)
     say(memory_line(m, scalings, max(lengths)))
@@ -649,13 +658,13 @@ def ruler_verdicts(m: Pretrained, task: ruler.Task, p: ruler.Prompt) -> list[boo
 
 def ruler_probe(name: str, spec: str, cfg: ProbesConfig, eval_cfg: EvalConfig, lengths: tuple[int, ...], out: Path,
                 task: str, progress: bool = False, base: Path | None = None, resume: bool = False,
-                device: torch.device | str = "cpu") -> list[dict]:
+                device: torch.device | str = "cpu", dtype: str = "float32") -> list[dict]:
     """probes.csv rows of RULER's task `name` (ruler:TASK) on a pretrained model: every policy x
     length, `cfg.trials` prompts each (RULER's generator in posbench.ruler, fitted to the model's
     tokenizer), the same prompts for every policy (`resume`: judge_prompts)."""
     t = ruler.task_of(name)
     essay = ruler.load_essay(cfg.ruler_essay)
-    m = load(spec, base, device)
+    m = load(spec, base, device, dtype)
     scalings = policies(m, eval_cfg)
     count = lambda text: len(encode(m.tokenizer, text))  # noqa: E731
     prompts = {(n, None): [ruler.prompt(t, n, f"{name}:{cfg.seed}:{n}:{i}", count, essay) for i in range(cfg.trials)]

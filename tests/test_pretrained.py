@@ -289,6 +289,45 @@ def test_ruler_tasks_write_rows_with_prompt_counts_and_intervals(folder, tmp_pat
     assert len(err) == 1 and err[0].startswith("error: length 600 is too short for ruler:niah_single_2"), err
 
 
+def test_bfloat16_is_the_same_model_in_rows_of_its_own(folder, tmp_path, capsys):
+    """--dtype bfloat16: the weights in bfloat16, the losses within bfloat16's rounding of float32's,
+    rows under a run_id and name of their own (+bfloat16) beside the float32 rows, never in their
+    cells; a dtype posbench does not run, or --dtype without a pretrained model, is one line."""
+    half = pretrained.load(f"hf:{folder}", dtype="bfloat16")
+    full = pretrained.load(f"hf:{folder}")
+    assert {p.dtype for p in half.model.parameters()} == {torch.bfloat16}
+    assert half.run_id == full.run_id.replace("tiny-llama@", "tiny-llama+bfloat16@")
+    assert half.memory(64)[0] == full.memory(64)[0] / 2
+    tokens = torch.tensor([[CHARS.index(c) for c in "the quick brown fox jumps over the lazy dog. " * 2]])[:, :65]
+    a, b = full.token_losses(tokens), half.token_losses(tokens)
+    assert b.dtype == torch.float32 and not torch.equal(a, b)
+    assert (a - b).abs().mean() < 0.05 * a.mean()  # bfloat16 keeps 8 bits of each weight and activation
+    out = tmp_path / "out"
+    for dtype in ("float32", "bfloat16"):
+        assert main(["probe", "--model", f"hf:{folder}", "--probe", "ruler:niah_single_1", "--lengths", "1024",
+                     "--trials", "1", "--rope-scaling", "none", "--dtype", dtype, "--out", str(out)]) == 0
+    rows = results.read_probes(out)
+    assert sorted((r["run_id"], r["scheme"], r["dtype"]) for r in rows) == sorted([
+        (full.run_id, "tiny-llama", "float32"), (half.run_id, "tiny-llama+bfloat16", "bfloat16")])
+    corpus = write_corpus(tmp_path / "corpus", n_docs=2, words=100)
+    task = tmp_path / "mine.toml"
+    task.write_text(f'schemes = []\n[data]\nspec = "files:{corpus}/*.txt"\n[model]\npretrained = "hf:{folder}"\n'
+                    "[eval]\nlengths = [32]\ntokens = 64\nrope_scaling = [\"none\"]\n")
+    for dtype in ("float32", "bfloat16"):
+        assert main(["extrapolate", "--task", str(task), "--dtype", dtype, "--out", str(out)]) == 0
+    ppl = {r["scheme"]: float(r["ppl"]) for r in results.read_rows(out / "extrapolation.csv")}
+    assert ppl.keys() == {"tiny-llama", "tiny-llama+bfloat16"}
+    assert ppl["tiny-llama+bfloat16"] == pytest.approx(ppl["tiny-llama"], rel=0.05)
+    capsys.readouterr()
+    assert main(["probe", "--model", f"hf:{folder}", "--probe", "passkey", "--dtype", "float16",
+                 "--out", str(out)]) == 2
+    assert main(["probe", "--probe", "mqar", "--dtype", "bfloat16", "--runs-dir", str(tmp_path)]) == 2
+    assert main(["extrapolate", "--dtype", "bfloat16", "--runs-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and "float16" in err[0] and all("--dtype bfloat16 is for a pretrained model" in line
+                                                          for line in err[1:]), err
+
+
 def test_an_interrupted_probe_resumes_at_the_length_it_lost(folder, tmp_path, monkeypatch, capsys):
     """A pretrained model's probe writes each length's rows as it finishes; --resume reads only
     the cells --out lacks (a policy added later, a length lost to an interruption) and keeps the
@@ -443,7 +482,7 @@ def test_the_shipped_smollm2_gguf_reads_text_and_gives_results_pretrained_commit
     if sys.version_info[:2] != (3, 11):
         pytest.skip("the text was read; the committed cell's corpus is the running Python's standard library, "
                     "and it was read on 3.11")
-    monkeypatch.setattr(pretrained, "load", lambda spec, base=None, device="cpu": m)  # the model loaded above
+    monkeypatch.setattr(pretrained, "load", lambda spec, base=None, device="cpu", dtype="float32": m)  # the model loaded above
     assert main(["extrapolate", "--model", SMOLLM2, "--lengths", "2048", "--tokens", committed["tokens"],
                  "--rope-scaling", "none", "--out", str(tmp_path)]) == 0
     row = results.read_rows(tmp_path / "extrapolation.csv")[0]

@@ -9,8 +9,8 @@ import typer
 from posbench import config, results
 from posbench.commands import console, failed, plain, say
 from posbench.commands import frame as to_frame
-from posbench.commands.options import Device, Model, Out, RunsDir, Schemes, Task, load_plugins, scheme_names, \
-    settings, takes, task_folder
+from posbench.commands.options import Device, Model, ModelDtype, Out, RunsDir, Schemes, Task, load_plugins, \
+    scheme_names, settings, takes, task_folder, trained_only
 from posbench.errors import PosbenchError
 
 # its line in posbench/docs/commands.md, and the pages that explain it
@@ -25,6 +25,7 @@ def extrapolate(
     schemes: Schemes = None,
     task: Task = None,
     model: Model = None,
+    dtype: ModelDtype = "float32",
     device: Device = "auto",
     out: Out = None,
     attention: Annotated[bool, typer.Option(
@@ -49,8 +50,9 @@ def extrapolate(
         if attention:
             raise PosbenchError("--attention measures posbench's own models; a pretrained model has no such path")
         rows = pretrained.extrapolate(model or t.pretrained, cfg, t.data.spec, out_dir, t.name, progress,
-                                      task_folder(task), resolve_device(device))
+                                      task_folder(task), resolve_device(device), dtype)
     else:
+        trained_only(dtype)
         rows = evaluate.extrapolate(Path(runs_dir), cfg, scheme_names(schemes), out_dir, device, progress=progress,
                                     attention=attention)
     effective.write(out_dir, cfg.effective_tolerance, cfg.effective_threshold, cfg.effective_share)

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Callable, Iterable, List, Optional, Sequence
 import typer
 
 from posbench import config, layout, plugins
-from posbench.errors import did_you_mean
+from posbench.errors import PosbenchError, did_you_mean
 from posbench.knobs import FLAG
 
 Task = Annotated[Optional[str], typer.Option(help="task name in tasks/ or a TOML path; its settings are the "
@@ -34,12 +34,23 @@ Resume = Annotated[bool, typer.Option(help="continue interrupted work: trainings
 Model = Annotated[Optional[str], typer.Option(
     help="hf:FOLDER | gguf:FILE: a pretrained RoPE model, read from local files only, in place of trained "
          "runs; its default task is `pretrained` (posbench/docs/pretrained.md)")]
+ModelDtype = Annotated[str, typer.Option(
+    "--dtype", help="with --model: float32 | bfloat16, what the pretrained model's weights compute in (bfloat16: "
+                    "as RULER and vLLM run models; on a CPU with AMX several times faster). Its rows carry "
+                    "+bfloat16 in the model's name and run_id")]
 Tolerance = Annotated[float, typer.Option(help="effective length: perplexity within this fraction of "
                                                "in-distribution")]
 Threshold = Annotated[float, typer.Option(help="effective length of probes: accuracy at least this far from "
                                                "chance to 100% (0.5: half-way)")]
 Share = Annotated[float, typer.Option(help="effective length of probes, relative basis: accuracy at least this "
                                           "share of the run's own at the training length")]
+
+def trained_only(dtype: str) -> None:
+    """--dtype is a pretrained model's: a trained run is scored in the dtype it trained in."""
+    if dtype != "float32":
+        raise PosbenchError(f"--dtype {dtype} is for a pretrained model (--model); a trained run is scored in "
+                            "the dtype it trained in ([train] dtype)")
+
 
 # Keywords the Python API takes and the command line does not: plug-ins come from the pre-parsed
 # --plugin there (posbench.cli), progress bars from whether stderr is a terminal.

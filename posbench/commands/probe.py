@@ -11,8 +11,8 @@ from posbench import config, plugins, results
 from posbench.commands import console, failed, plain
 from posbench.commands import frame as to_frame
 from posbench.commands.extrapolate import note_scalings
-from posbench.commands.options import Device, Model, Out, Resume, RunsDir, Schemes, Task, load_plugins, names, \
-    scheme_names, settings, takes, task_folder
+from posbench.commands.options import Device, Model, ModelDtype, Out, Resume, RunsDir, Schemes, Task, load_plugins, \
+    names, scheme_names, settings, takes, task_folder, trained_only
 from posbench.errors import PosbenchError
 
 # its line in posbench/docs/commands.md, and the pages that explain it
@@ -31,6 +31,7 @@ def probe(
     task: Task = None,
     schemes: Schemes = None,
     model: Model = None,
+    dtype: ModelDtype = "float32",
     device: Device = "auto",
     out: Out = None,
     plugins: Sequence[str] = (),
@@ -65,14 +66,15 @@ def probe(
         for name in chosen:
             if name == "passkey":
                 rows += pretrained.passkey(model or t.pretrained, cfg, eval_cfg, cfg.lengths or t.eval.lengths,
-                                           out_dir, t.name, progress, task_folder(task), resume, dev)
+                                           out_dir, t.name, progress, task_folder(task), resume, dev, dtype)
             else:
                 rows += pretrained.ruler_probe(name, model or t.pretrained, cfg, eval_cfg, cfg.lengths or t.eval.lengths,
-                                               out_dir, t.name, progress, task_folder(task), resume, dev)
+                                               out_dir, t.name, progress, task_folder(task), resume, dev, dtype)
     elif resume:
         raise PosbenchError("--resume keeps the rows of a pretrained model's prompts (--model); a trained run's "
                             "probes are scored again in seconds")
     else:
+        trained_only(dtype)
         rows = probing.evaluate(Path(runs_dir), cfg, eval_cfg, tuple(probe_name(n) for n in chosen),
                                 scheme_names(schemes), out_dir, device, progress=progress)
     reporting.write_report(out_dir, t.eval.effective_tolerance, t.eval.effective_threshold, t.eval.effective_share)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The RULER part of the reading (results/pretrained/README.md): RULER's niah single (noise and
 # essay haystacks), multikey with distractors, multivalue, multiquery, vt, cwe and fwe at 8k (the
-# model's context) and 16k, under none, yarn, self-extend and longrope, 10 prompts a cell.
+# model's context) and 16k, under none, yarn, self-extend and longrope, 10 prompts a cell, the model
+# in bfloat16 as RULER runs models (on a Xeon with AMX, a 16k prompt takes a minute on one thread).
 # Two shards side by side, one thread each:
 #     bash results/pretrained/ruler.sh 1 & bash results/pretrained/ruler.sh 2; wait
 # A policy's rows are written as each length finishes, and --resume keeps the cells that
@@ -17,6 +18,6 @@ stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
 stamp "start shard $1"
 for task in $tasks; do
   posbench probe --task pretrained --probe "ruler:$task" --lengths 8192,16384 --trials 10 \
-    --rope-scaling none,yarn,self-extend,longrope --resume --out results/pretrained
+    --rope-scaling none,yarn,self-extend,longrope --dtype bfloat16 --resume --out results/pretrained
   stamp "$task"
 done
