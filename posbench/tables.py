@@ -688,10 +688,16 @@ def _policy(scaling: str) -> tuple:
     return (POLICY_ORDER.index(kind) if kind in POLICY_ORDER else len(POLICY_ORDER), scaling)
 
 
-def pretrained_perplexity(directory: Path) -> str:
+def _model_rows(rows: list[dict], model: str | None) -> list[dict]:
+    """The rows of the pretrained model named `model` (a row's `scheme`; None: every model's)."""
+    return [r for r in rows if results.of_model(r) and (model is None or r["scheme"] == model)]
+
+
+def pretrained_perplexity(directory: Path, model: str | None = None) -> str:
     """Policy x length: perplexity with its 95% interval over windows where there are two or more,
     the windows scored, `*` where the policy leaves the model as it is (a shared row)."""
-    rows = [r for r in _rows(directory, "extrapolation", "`posbench extrapolate --model`") if r["status"] == "ok"]
+    rows = [r for r in _model_rows(_rows(directory, "extrapolation", "`posbench extrapolate --model`"), model)
+            if r["status"] == "ok"]
     lengths = sorted({int(r["eval_len"]) for r in rows})
     cells = {(r["scaling"], int(r["eval_len"])): r for r in rows}
     body = []
@@ -710,14 +716,14 @@ def pretrained_perplexity(directory: Path) -> str:
     return markdown_table(["policy", *(f"{n} ({int(n) // 1024}k)" for n in lengths)], body)
 
 
-def inside_and_past(directory: Path) -> str:
+def inside_and_past(directory: Path, model: str | None = None) -> str:
     """Per policy and length past train_len: perplexity over the position buckets below and past the
     first bucket edge at or past train_len."""
-    extrapolation = _rows(directory, "extrapolation", "`posbench extrapolate --model`")
+    extrapolation = _model_rows(_rows(directory, "extrapolation", "`posbench extrapolate --model`"), model)
     train_len = {int(r["train_len"]) for r in extrapolation}.pop()
     groups = defaultdict(list)
     for p in _rows(directory, "positions", "`posbench extrapolate --model`"):
-        if int(p["eval_len"]) > train_len:
+        if int(p["eval_len"]) > train_len and (model is None or p["scheme"] == model) and results.of_model(p):
             groups[(p["scaling"], int(p["eval_len"]))].append(p)
     body = []
     for (scaling, n), buckets in sorted(groups.items(), key=lambda kv: (kv[0][1], _policy(kv[0][0]))):
@@ -734,8 +740,8 @@ def inside_and_past(directory: Path) -> str:
     return markdown_table(["policy", "length", "positions", "ppl", "positions", "ppl"], body)
 
 
-def pretrained_effective(directory: Path) -> str:
-    rows = _rows(directory, "effective_length", "`posbench extrapolate --model`")
+def pretrained_effective(directory: Path, model: str | None = None) -> str:
+    rows = _model_rows(_rows(directory, "effective_length", "`posbench extrapolate --model`"), model)
     body = []
     for r in sorted((r for r in rows if r["metric"] == "ppl"), key=lambda r: _policy(r["scaling"])):
         mark = ">= " if r["status"] == "censored" else ""
@@ -743,18 +749,18 @@ def pretrained_effective(directory: Path) -> str:
     return markdown_table(["policy", "reference ppl (8k)", "effective length", "status"], body)
 
 
-def pretrained_probe_effective(directory: Path) -> str | None:
+def pretrained_probe_effective(directory: Path, model: str | None = None) -> str | None:
     """Per probe (passkey, RULER's tasks) and policy: the score at the model's context (references
     or digits found, pooled; `-` where the policy was read only past it) and the effective length
     on both bases with the accuracy each asks for (`-`: no reference, e.g. below it at the model's
     context); None without probe rows in effective_length.csv."""
-    rows = [r for r in results.read_rows(results.table_path(directory, "effective_length"))
-            if r["metric"] == "accuracy" and results.of_model(r)]
+    rows = [r for r in _model_rows(results.read_rows(results.table_path(directory, "effective_length")), model)
+            if r["metric"] == "accuracy"]
     if not rows:
         return None
     home = defaultdict(lambda: [0, 0])
-    for r in results.read_probes(directory):
-        if r["eval_len"] == r["train_len"] and results.of_model(r):
+    for r in _model_rows(results.read_probes(directory), model):
+        if r["eval_len"] == r["train_len"]:
             home[(r["probe"], r["scaling"])][0] += int(r["hits"])
             home[(r["probe"], r["scaling"])][1] += int(r["answers"])
     cells: dict[tuple[str, str], dict[str, dict]] = defaultdict(dict)
@@ -777,10 +783,10 @@ def pretrained_probe_effective(directory: Path) -> str | None:
     return markdown_table(head, body)
 
 
-def pretrained_passkey(directory: Path) -> str | None:
+def pretrained_passkey(directory: Path, model: str | None = None) -> str | None:
     """Policy and length: digits right, per-digit accuracy (Wilson), keys right, and by depth; None
     without passkey rows."""
-    rows = [r for r in results.read_probes(directory) if r["probe"] == "passkey" and results.of_model(r)]
+    rows = [r for r in _model_rows(results.read_probes(directory), model) if r["probe"] == "passkey"]
     if not rows:
         return None
     cells = defaultdict(lambda: [0, 0, 0, 0])
@@ -803,10 +809,10 @@ def pretrained_passkey(directory: Path) -> str | None:
     return markdown_table(head, body)
 
 
-def pretrained_ruler(directory: Path) -> str | None:
+def pretrained_ruler(directory: Path, model: str | None = None) -> str | None:
     """Per RULER task, policy and length: string_match_all (references found, Wilson 95%), prompts
     wholly right, and the chance of a guess; None without ruler: rows."""
-    rows = [r for r in results.read_probes(directory) if r["probe"].startswith("ruler:")]
+    rows = [r for r in _model_rows(results.read_probes(directory), model) if r["probe"].startswith("ruler:")]
     if not rows:
         return None
     body = []
@@ -822,19 +828,27 @@ def pretrained_ruler(directory: Path) -> str | None:
 def pretrained(directory: Path) -> str:
     """Sections under `###` titles: where extrapolation.csv has a model's rows, perplexity by
     policy and length, inside and past the context and perplexity's effective length; where
-    probes.csv has them, passkey, RULER's tasks and the probes' effective length on both bases."""
-    windows = any(map(results.of_model, results.read_rows(results.table_path(directory, "extrapolation"))))
-    prompts = any(map(results.of_model, results.read_probes(directory)))
+    probes.csv has them, passkey, RULER's tasks and the probes' effective length on both bases.
+    A folder with more than one model (another file, or the same in bfloat16: a row's `scheme`)
+    has each model's sections in turn, the model's name after each title."""
+    windows = {r["scheme"] for r in _model_rows(results.read_rows(results.table_path(directory, "extrapolation")), None)}
+    prompts = {r["scheme"] for r in _model_rows(results.read_probes(directory), None)}
     if not (windows or prompts):
         raise PosbenchError(f"no rows of a pretrained model in {directory}: `posbench extrapolate --model` "
                             "and `posbench probe --model` write them")
-    sections = ((("Perplexity by policy and length", pretrained_perplexity(directory)),
-                 ("Inside and past the context, within each window", inside_and_past(directory)),
-                 ("Effective length", pretrained_effective(directory))) if windows else ()) + (
-                (("Passkey", pretrained_passkey(directory)),
-                 ("RULER's synthetic tasks", pretrained_ruler(directory)),
-                 ("Effective length of the probes", pretrained_probe_effective(directory))) if prompts else ())
-    return "\n\n".join(f"### {title}\n\n{text}" for title, text in sections if text is not None)
+    models = sorted(windows | prompts)
+    parts = []
+    for model in models:
+        sections = ((("Perplexity by policy and length", pretrained_perplexity(directory, model)),
+                     ("Inside and past the context, within each window", inside_and_past(directory, model)),
+                     ("Effective length", pretrained_effective(directory, model))) if model in windows else ()) + (
+                    (("Passkey", pretrained_passkey(directory, model)),
+                     ("RULER's synthetic tasks", pretrained_ruler(directory, model)),
+                     ("Effective length of the probes", pretrained_probe_effective(directory, model)))
+                    if model in prompts else ())
+        named = f": {model}" if len(models) > 1 else ""
+        parts += [f"### {title}{named}\n\n{text}" for title, text in sections if text is not None]
+    return "\n\n".join(parts)
 
 
 # ---- attention ----------------------------------------------------------------------------------

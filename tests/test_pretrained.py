@@ -318,6 +318,15 @@ def test_bfloat16_is_the_same_model_in_rows_of_its_own(folder, tmp_path, capsys)
     ppl = {r["scheme"]: float(r["ppl"]) for r in results.read_rows(out / "extrapolation.csv")}
     assert ppl.keys() == {"tiny-llama", "tiny-llama+bfloat16"}
     assert ppl["tiny-llama+bfloat16"] == pytest.approx(ppl["tiny-llama"], rel=0.05)
+    from posbench import tables  # each model's sections in turn, never one table over both
+
+    text = tables.pretrained(out)
+    titles = [line for line in text.splitlines() if line.startswith("### ")]
+    assert titles == [f"### {t}: {m}" for m in ("tiny-llama", "tiny-llama+bfloat16") for t in (
+        "Perplexity by policy and length", "Inside and past the context, within each window", "Effective length",
+        "RULER's synthetic tasks", "Effective length of the probes")], titles
+    for part in text.split("### RULER's synthetic tasks")[1:]:
+        assert len([line for line in part.split("###")[0].splitlines() if line.startswith("| niah_single_1 |")]) == 1
     capsys.readouterr()
     assert main(["probe", "--model", f"hf:{folder}", "--probe", "passkey", "--dtype", "float16",
                  "--out", str(out)]) == 2
