@@ -5,19 +5,22 @@
 # in bfloat16 as RULER runs models (on a Xeon with AMX, a 16k prompt takes a minute on one thread).
 # Two shards side by side, one thread each:
 #     bash results/pretrained/ruler.sh 1 & bash results/pretrained/ruler.sh 2; wait
-# A policy's rows are written as each length finishes, and --resume keeps the cells that
-# results/pretrained holds already, so a stopped shard, started again, goes on where it stopped.
+# A policy's rows are written as each length finishes, and --resume keeps the cells that the
+# output folder (results/pretrained, or the one named after the shard) holds already, so a stopped
+# shard, started again, goes on where it stopped.
 set -euo pipefail
 export OMP_NUM_THREADS=1  # one thread per command: on cores shared with other jobs, two threads wait on each other
 case "${1:-}" in
   1) tasks="niah_single_1 niah_multikey_1 niah_multiquery cwe" ;;
   2) tasks="niah_single_2 niah_multivalue vt fwe" ;;
-  *) echo "usage: bash results/pretrained/ruler.sh 1|2 (the shard)" >&2; exit 2 ;;
+  *) echo "usage: bash results/pretrained/ruler.sh 1|2 [OUT] (the shard; OUT: results/pretrained)" >&2; exit 2 ;;
 esac
+out="${2:-results/pretrained}"
+mkdir -p "$out"
 stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
-stamp "start shard $1"
+stamp "start shard $1 into $out"
 for task in $tasks; do
   posbench probe --task pretrained --probe "ruler:$task" --lengths 8192,16384 --trials 10 \
-    --rope-scaling none,yarn,self-extend,longrope --dtype bfloat16 --resume --out results/pretrained
+    --rope-scaling none,yarn,self-extend,longrope --dtype bfloat16 --resume --out "$out"
   stamp "$task"
 done
