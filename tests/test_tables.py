@@ -81,6 +81,10 @@ CASES = [
      {"seeds": True, "task": "probe-frontier-seeds", "nth": {0: 1}}),
     ("probes/seeds/README.md", "probes", ("probes/seeds", "probe-frontier"), {"ratios": "2,4,8", "pairs": FRONTIER_PAIRS, "nth": {0: 1}}),
     ("probes/lr/README.md", "probes", "probes/lr", {"task": "probe-lr", "sweep": True}),
+    ("probes/aggregation/README.md", "probes", "probes/aggregation/grid", {"seeds": True, "task": "probe-aggregation"}),
+    ("probes/aggregation/README.md", "probes", "probes/aggregation/grid", {"task": "probe-aggregation", "ratios": "2,4,8",
+     "pairs": "fire:rope:cwe,rope+yarn:rope:cwe,rope+randomized:rope:cwe,fire:alibi:cwe,fire:kerple:cwe,"
+              "rope+yarn:rope:fwe,kerple:rope:fwe,fox:rope:fwe,fire:rope:fwe"}),
     ("probe-2026/README.md", "probes", "probe-2026",
      {"seeds": True, "compact": True, "task": "probe-2026", "ratios": "2,4,8", "schemes": PROBE_2026}),
     ("probe-2026/README.md", "probes", "probe-2026", {"seeds": True, "task": "probe-2026", "schemes": PROBE_2026}),
