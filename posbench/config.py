@@ -281,6 +281,7 @@ class Task:
     probes: ProbesConfig = ProbesConfig()
     extend: ExtendConfig = ExtendConfig()
     pretrained: str = ""  # [model] pretrained: hf:FOLDER or gguf:FILE evaluated in place of trained runs
+    pretrained_dtype: str = "float32"  # [model] dtype beside pretrained: what that model computes in
     workers: int | str = 1  # worker processes of `posbench run` (a number, or "auto"; posbench.workers)
     # runs that differ only in seed trained as one stacked model (posbench.ensemble): "auto", "off" or N
     ensemble: int | str = "auto"
@@ -294,6 +295,7 @@ class Task:
             raise PosbenchError(f"task version {self.version} is newer than this posbench ({TASK_VERSION})")
         if not self.schemes and not self.pretrained:
             raise PosbenchError("a task needs at least one scheme")
+        _choice("[model] dtype", self.pretrained_dtype, DTYPES)
         if not self.seeds:
             raise PosbenchError("a task needs at least one seed (seeds = [])")
         check_seed(*self.seeds)
@@ -388,9 +390,11 @@ def _parse(path: Path) -> Task:
     raw.setdefault("name", path.stem)
     model = raw.get("model")
     if isinstance(model, dict) and "pretrained" in model:
-        # the task's, not a ModelConfig field: those enter every run_id
-        raw["model"] = {k: v for k, v in model.items() if k != "pretrained"}
+        # the task's, not ModelConfig fields: those enter every run_id
+        raw["model"] = {k: v for k, v in model.items() if k not in ("pretrained", "dtype")}
         raw["pretrained"] = model["pretrained"]
+        if "dtype" in model:
+            raw["pretrained_dtype"] = model["dtype"]
     if "passkey" in raw:
         raise PosbenchError(f'{path}: the [passkey] section became [probes]: names = ["passkey"] '
                             "(see posbench/docs/probes.md)")

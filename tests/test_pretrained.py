@@ -313,8 +313,9 @@ def test_bfloat16_is_the_same_model_in_rows_of_its_own(folder, tmp_path, capsys)
     task = tmp_path / "mine.toml"
     task.write_text(f'schemes = []\n[data]\nspec = "files:{corpus}/*.txt"\n[model]\npretrained = "hf:{folder}"\n'
                     "[eval]\nlengths = [32]\ntokens = 64\nrope_scaling = [\"none\"]\n")
-    for dtype in ("float32", "bfloat16"):
-        assert main(["extrapolate", "--task", str(task), "--dtype", dtype, "--out", str(out)]) == 0
+    assert main(["extrapolate", "--task", str(task), "--out", str(out)]) == 0
+    task.write_text(task.read_text().replace("[model]\n", '[model]\ndtype = "bfloat16"\n'))  # the task's dtype
+    assert main(["extrapolate", "--task", str(task), "--out", str(out)]) == 0
     ppl = {r["scheme"]: float(r["ppl"]) for r in results.read_rows(out / "extrapolation.csv")}
     assert ppl.keys() == {"tiny-llama", "tiny-llama+bfloat16"}
     assert ppl["tiny-llama+bfloat16"] == pytest.approx(ppl["tiny-llama"], rel=0.05)
@@ -332,9 +333,12 @@ def test_bfloat16_is_the_same_model_in_rows_of_its_own(folder, tmp_path, capsys)
                  "--out", str(out)]) == 2
     assert main(["probe", "--probe", "mqar", "--dtype", "bfloat16", "--runs-dir", str(tmp_path)]) == 2
     assert main(["extrapolate", "--dtype", "bfloat16", "--runs-dir", str(tmp_path)]) == 2
+    task.write_text(task.read_text().replace('dtype = "bfloat16"', 'dtype = "float16"'))
+    assert main(["extrapolate", "--task", str(task), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 3 and "float16" in err[0] and all("--dtype bfloat16 is for a pretrained model" in line
-                                                          for line in err[1:]), err
+    assert len(err) == 4 and "float16" in err[0] and all("--dtype bfloat16 is for a pretrained model" in line
+                                                          for line in err[1:3]), err
+    assert "[model] dtype" in err[3] and "float16" in err[3], err
 
 
 def test_an_interrupted_probe_resumes_at_the_length_it_lost(folder, tmp_path, monkeypatch, capsys):

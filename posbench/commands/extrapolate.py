@@ -25,7 +25,7 @@ def extrapolate(
     schemes: Schemes = None,
     task: Task = None,
     model: Model = None,
-    dtype: ModelDtype = "float32",
+    dtype: ModelDtype = None,
     device: Device = "auto",
     out: Out = None,
     attention: Annotated[bool, typer.Option(
@@ -50,7 +50,7 @@ def extrapolate(
         if attention:
             raise PosbenchError("--attention measures posbench's own models; a pretrained model has no such path")
         rows = pretrained.extrapolate(model or t.pretrained, cfg, t.data.spec, out_dir, t.name, progress,
-                                      task_folder(task), resolve_device(device), dtype)
+                                      task_folder(task), resolve_device(device), dtype or t.pretrained_dtype)
     else:
         trained_only(dtype)
         rows = evaluate.extrapolate(Path(runs_dir), cfg, scheme_names(schemes), out_dir, device, progress=progress,

@@ -34,10 +34,10 @@ Resume = Annotated[bool, typer.Option(help="continue interrupted work: trainings
 Model = Annotated[Optional[str], typer.Option(
     help="hf:FOLDER | gguf:FILE: a pretrained RoPE model, read from local files only, in place of trained "
          "runs; its default task is `pretrained` (posbench/docs/pretrained.md)")]
-ModelDtype = Annotated[str, typer.Option(
+ModelDtype = Annotated[Optional[str], typer.Option(
     "--dtype", help="with --model: float32 | bfloat16, what the pretrained model's weights compute in (bfloat16: "
-                    "as RULER and vLLM run models; on a CPU with AMX several times faster). Its rows carry "
-                    "+bfloat16 in the model's name and run_id")]
+                    "as RULER and vLLM run models; on a CPU with AMX several times faster; default: the task's "
+                    "[model] dtype, else float32). Its rows carry +bfloat16 in the model's name and run_id")]
 Tolerance = Annotated[float, typer.Option(help="effective length: perplexity within this fraction of "
                                                "in-distribution")]
 Threshold = Annotated[float, typer.Option(help="effective length of probes: accuracy at least this far from "
@@ -45,9 +45,9 @@ Threshold = Annotated[float, typer.Option(help="effective length of probes: accu
 Share = Annotated[float, typer.Option(help="effective length of probes, relative basis: accuracy at least this "
                                           "share of the run's own at the training length")]
 
-def trained_only(dtype: str) -> None:
+def trained_only(dtype: str | None) -> None:
     """--dtype is a pretrained model's: a trained run is scored in the dtype it trained in."""
-    if dtype != "float32":
+    if dtype not in (None, "float32"):
         raise PosbenchError(f"--dtype {dtype} is for a pretrained model (--model); a trained run is scored in "
                             "the dtype it trained in ([train] dtype)")
 

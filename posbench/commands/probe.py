@@ -31,7 +31,7 @@ def probe(
     task: Task = None,
     schemes: Schemes = None,
     model: Model = None,
-    dtype: ModelDtype = "float32",
+    dtype: ModelDtype = None,
     device: Device = "auto",
     out: Out = None,
     plugins: Sequence[str] = (),
@@ -62,14 +62,14 @@ def probe(
         from posbench import pretrained
         from posbench.device import resolve_device
 
-        dev, rows = resolve_device(device), []
+        dev, rows, precision = resolve_device(device), [], dtype or t.pretrained_dtype
         for name in chosen:
             if name == "passkey":
                 rows += pretrained.passkey(model or t.pretrained, cfg, eval_cfg, cfg.lengths or t.eval.lengths,
-                                           out_dir, t.name, progress, task_folder(task), resume, dev, dtype)
+                                           out_dir, t.name, progress, task_folder(task), resume, dev, precision)
             else:
                 rows += pretrained.ruler_probe(name, model or t.pretrained, cfg, eval_cfg, cfg.lengths or t.eval.lengths,
-                                               out_dir, t.name, progress, task_folder(task), resume, dev, dtype)
+                                               out_dir, t.name, progress, task_folder(task), resume, dev, precision)
     elif resume:
         raise PosbenchError("--resume keeps the rows of a pretrained model's prompts (--model); a trained run's "
                             "probes are scored again in seconds")
