@@ -45,6 +45,7 @@ Threshold = Annotated[float, typer.Option(help="effective length of probes: accu
 Share = Annotated[float, typer.Option(help="effective length of probes, relative basis: accuracy at least this "
                                           "share of the run's own at the training length")]
 
+
 def trained_only(dtype: str | None) -> None:
     """--dtype is a pretrained model's: a trained run is scored in the dtype it trained in."""
     if dtype not in (None, "float32"):
