@@ -284,7 +284,7 @@ class Pretrained:
         """(weights, peak activations) in bytes, estimated for one window of `length` tokens."""
         c = self.model.config
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        size = next(self.model.parameters()).element_size()  # bytes of an activation
+        size = getattr(torch, self.dtype).itemsize  # bytes of an activation
         per_token = size * (6 * c.hidden_size + 3 * c.intermediate_size)  # residual, norms, q/k/v/o, MLP
         keys = 4 * length * c.num_attention_heads * self.rotary.dim  # one layer's keys (or values), float32
         # two maps: keys and values repeated over the heads (in float32), the keys turned for each map, a

@@ -722,8 +722,8 @@ def inside_and_past(directory: Path, model: str | None = None) -> str:
     extrapolation = _model_rows(_rows(directory, "extrapolation", "`posbench extrapolate --model`"), model)
     train_len = {int(r["train_len"]) for r in extrapolation}.pop()
     groups = defaultdict(list)
-    for p in _rows(directory, "positions", "`posbench extrapolate --model`"):
-        if int(p["eval_len"]) > train_len and (model is None or p["scheme"] == model) and results.of_model(p):
+    for p in _model_rows(_rows(directory, "positions", "`posbench extrapolate --model`"), model):
+        if int(p["eval_len"]) > train_len:
             groups[(p["scaling"], int(p["eval_len"]))].append(p)
     body = []
     for (scaling, n), buckets in sorted(groups.items(), key=lambda kv: (kv[0][1], _policy(kv[0][0]))):
