@@ -142,6 +142,8 @@ class Rotary(nn.Module):
         self.length = train_len
         self.positions: torch.Tensor | None = None  # (T,) the positions of the latest forward
         self.inv = torch.zeros(0)
+        self.turned: dict[int, Turned] | None = None  # each layer's turned keys, while a prompt decodes
+        self.capacity = 0  # the tokens a decoding reaches: prompt and decoded ones
 
     def frequencies(self) -> tuple[torch.Tensor, float]:
         return rope_frequencies(self.dim, self.base, self.train_len, self.scaling, self.length)
@@ -157,18 +159,62 @@ class Rotary(nn.Module):
         return (angle.cos() * mscale).to(x.dtype), (angle.sin() * mscale).to(x.dtype)
 
 
+@dataclass
+class Turned:
+    """One layer's keys turned for each map and its values in float32 (B, Hkv, capacity, D), the first
+    `n` filled: kept across the decoded tokens of one prompt (`Pretrained.greedy`), so that each
+    token turns its own key only, not every cached one again."""
+
+    scaling: RopeScaling
+    inv: torch.Tensor
+    near: torch.Tensor
+    far: torch.Tensor
+    value: torch.Tensor
+    n: int
+
+    def holds(self, value: torch.Tensor, scaling: RopeScaling, inv: torch.Tensor) -> bool:
+        """Whether these are the first `n` of `value`'s keys (B, Hkv, Tk, D), turned as asked."""
+        n = self.n
+        return (self.scaling == scaling and torch.equal(self.inv, inv) and 0 < n < value.shape[2] <= self.value.shape[2]
+                and torch.equal(self.value[:, :, n - 1], value[:, :, n - 1].float()))
+
+
+def turned_keys(rotary: Rotary, layer: int, key: torch.Tensor, value: torch.Tensor, inv: torch.Tensor,
+                policy: RopeScaling) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keys (B, Hkv, Tk, D) at 0..Tk-1 turned for the near map and for the far one, and the values,
+    in float32. While decoding, the layer's `Turned` keeps them: a decoded token turns the keys it
+    adds; anything else (another prompt, policy or length) turns every key again."""
+    kept = rotary.turned.get(layer) if rotary.turned is not None else None
+    tk = key.shape[2]
+    start = kept.n if kept is not None and kept.holds(value, policy, inv) else 0
+    pos = torch.arange(start, tk, device=key.device)
+    new_key, new_value = key[:, :, start:].float(), value[:, :, start:].float()
+    near, far = turn_at(new_key, pos, inv), far_keys(new_key, pos, inv, policy)
+    if rotary.turned is None:
+        return near, far, new_value
+    if not start:
+        size = (*key.shape[:2], max(tk, rotary.capacity), key.shape[3])
+        kept = Turned(policy, inv, *(torch.empty(size, device=key.device) for _ in range(3)), 0)
+        rotary.turned[layer] = kept
+    for store, fresh in ((kept.near, near), (kept.far, far), (kept.value, new_value)):
+        store[:, :, start:tk] = fresh
+    kept.n = tk
+    return kept.near[:, :, :tk], kept.far[:, :, :tk], kept.value[:, :, :tk]
+
+
 def two_map_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """Self-Extend or ReRoPE attention for transformers: query (B, H, Tq, D), key and value
     (B, Hkv, Tk, D) unrotated -> (B, Tq, H, D), causal by position; the keys sit at positions
     0..Tk-1 (a cache holds them unrotated). For a block of queries at a..c-1 (c - a <= W), the keys
     below a - W + 1 are beyond the window of every query (the far map alone) and those from c - W to
-    a within it (plain RoPE): both go to the fused CPU kernel, no score matrix formed. Only the two
-    strips of keys between, where the maps or the causal edge differ by query, are scored
-    explicitly by `two_map_scores`. The softmaxes of the parts are merged by their log-sum-exps, so
-    time and memory grow with T, not T^2. Without the fused kernel every key is scored explicitly."""
+    a within it (plain RoPE): both go to the fused CPU kernel, no score matrix formed, the query
+    heads of each key-value head read as one (`_grouped`). Only the two strips of keys between,
+    where the maps or the causal edge differ by query, are scored explicitly by `two_map_scores`,
+    their keys repeated over the query heads. The softmaxes of the parts are merged by their
+    log-sum-exps, so time and memory grow with T, not T^2. Without the fused kernel every key is
+    scored explicitly. Turned keys are kept between decoded tokens (`turned_keys`)."""
     rotary: Rotary = module.posbench_rotary
     groups = query.shape[1] // key.shape[1]
-    key, value = key.repeat_interleave(groups, 1).float(), value.repeat_interleave(groups, 1).float()  # (B, H, Tk, D)
     qpos = rotary.positions.to(query.device)
     kpos = torch.arange(key.shape[2], device=query.device)
     inv = rotary.inv.to(query.device)
@@ -179,7 +225,9 @@ def two_map_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     # A block's explicit scores: B queries over 2B keys with the kernel, over every key without it
     block = min(window, QUERY_BLOCK, max(1, ATTN_BYTES // (4 * b * h * (2 * window if fused else key.shape[2]))))
     if fused is not None:  # every key turned once for each map
-        near_k, far_k = turn_at(key, kpos, inv), far_keys(key, kpos, inv, policy)
+        near_k, far_k, value = turned_keys(rotary, module.layer_idx, key, value, inv, policy)
+    else:
+        value = value.float()
     out = torch.empty_like(query)
     for i in range(0, tq, block):
         qp, q = qpos[i: i + block], query[:, :, i: i + block].float()
@@ -188,19 +236,20 @@ def two_map_attention(module, query, key, value, attention_mask, dropout=0.0, sc
         if fused is not None and c - a == len(qp):
             far_end, near_start = max(0, a - window + 1), max(0, c - window)
             if far_end:
-                parts.append(_fused(fused, far_queries(q, qp, inv, policy, window), far_k[:, :, :far_end],
-                                    value[:, :, :far_end], scaling))
+                parts.append(_grouped(fused, far_queries(q, qp, inv, policy, window), far_k[:, :, :far_end],
+                                      value[:, :, :far_end], scaling))
             if a + 1 > near_start:
-                parts.append(_fused(fused, turn_at(q, qp, inv), near_k[:, :, near_start: a + 1],
-                                    value[:, :, near_start: a + 1], scaling))
+                parts.append(_grouped(fused, turn_at(q, qp, inv), near_k[:, :, near_start: a + 1],
+                                      value[:, :, near_start: a + 1], scaling))
             explicit = torch.cat([kpos[far_end:near_start], kpos[a + 1: c]])
         else:
             explicit = kpos[:c]
         if len(explicit):
-            scores = two_map_scores(q, key[:, :, explicit], qp, explicit, inv, policy, window) * scaling
+            strip_k, strip_v = (x[:, :, explicit].float().repeat_interleave(groups, 1) for x in (key, value))
+            scores = two_map_scores(q, strip_k, qp, explicit, inv, policy, window) * scaling
             scores = scores.masked_fill(explicit[None, :] > qp[:, None], -math.inf)  # (B, H, Tb, K)
             lse = scores.logsumexp(-1, keepdim=True)
-            parts.append(((scores - lse).exp().nan_to_num() @ value[:, :, explicit], lse))
+            parts.append(((scores - lse).exp().nan_to_num() @ strip_v, lse))
         total = torch.logsumexp(torch.stack([lse for _, lse in parts]), 0)
         out[:, :, i: i + block] = sum(o * (lse - total).exp() for o, lse in parts).to(out.dtype)
     return out.transpose(1, 2).contiguous(), None
@@ -228,6 +277,18 @@ def _fused(kernel, q, k, v, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of q over every key k, v by the fused CPU kernel: output and log-sum-exp (..., 1)."""
     out, lse = kernel(q, k, v, 0.0, False, scale=scale)[:2]
     return out, lse[..., None]
+
+
+def _grouped(kernel, q, k, v, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_fused` of q (B, H, Tb, D) over k, v (B, Hkv, Tk, D), query head h reading key head
+    h // G (G = H / Hkv) as transformers' repeat_kv pairs them, without repeating the keys: one
+    call for the heads g, G + g, 2G + g, ... of each g, so that every head's rows go to the kernel as
+    with repeated keys (its sums, bit for bit, depend on how many rows a head holds)."""
+    groups = q.shape[1] // k.shape[1]
+    out, lse = torch.empty_like(q), q.new_empty(*q.shape[:3], 1)
+    for g in range(groups):
+        out[:, g::groups], lse[:, g::groups] = _fused(kernel, q[:, g::groups], k, v, scale)
+    return out, lse
 
 
 def _register_attention() -> None:
@@ -280,18 +341,22 @@ class Pretrained:
     def backend(self) -> str:
         return "explicit" if self.rotary.scaling.kind in TWO_MAPS else "sdpa"
 
-    def memory(self, length: int) -> tuple[float, float]:
-        """(weights, peak activations) in bytes, estimated for one window of `length` tokens."""
+    def memory(self, length: int, decoding: bool = False) -> tuple[float, float]:
+        """(weights, peak activations) in bytes, estimated for one window of `length` tokens, or for a
+        prompt of `length` decoded greedily (`decoding`: the model's key-value cache beside it)."""
         c = self.model.config
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         size = getattr(torch, self.dtype).itemsize  # bytes of an activation
         per_token = size * (6 * c.hidden_size + 3 * c.intermediate_size)  # residual, norms, q/k/v/o, MLP
-        keys = 4 * length * c.num_attention_heads * self.rotary.dim  # one layer's keys (or values), float32
-        # two maps: keys and values repeated over the heads (in float32), the keys turned for each map, a
-        # block's scores; dope: keys and values repeated, and Gaussian q and k beside them
+        heads = 4 * length * self.rotary.dim  # one layer's keys (or values) of one head, float32
+        keys, kv = heads * c.num_attention_heads, heads * getattr(c, "num_key_value_heads", c.num_attention_heads)
+        # two maps: keys and values in float32, the keys turned for each map, a block's scores (while
+        # decoding, each layer keeps its turned keys and values: `Turned`); dope: keys and values
+        # repeated over the heads, and Gaussian q and k beside them
         kind = self.rotary.scaling.kind
-        attention = 4 * keys + ATTN_BYTES if kind in TWO_MAPS else 6 * keys if kind == "dope" else 2 * keys * size // 4
-        return weights, per_token * length + attention + 3 * 4 * LOGIT_CHUNK * c.vocab_size
+        attention = 4 * kv + ATTN_BYTES if kind in TWO_MAPS else 6 * keys if kind == "dope" else 2 * keys * size // 4
+        cache = c.num_hidden_layers * kv * (2 * size // 4 + 3 * (kind in TWO_MAPS)) if decoding else 0
+        return weights, per_token * length + attention + cache + 3 * 4 * LOGIT_CHUNK * c.vocab_size
 
     @property
     def device(self) -> torch.device:
@@ -321,8 +386,13 @@ class Pretrained:
         """`steps` tokens decoded greedily after `prompt` (`to_end`: fewer where the model writes its
         end token), the window's frequencies those of the prompt."""
         self.rotary.length = len(prompt)
-        made = self.model.generate(torch.tensor([prompt], device=self.device), max_new_tokens=steps, min_new_tokens=0 if to_end else steps,
-                                   do_sample=False, pad_token_id=self.tokenizer.eos_token_id)
+        self.rotary.turned, self.rotary.capacity = {}, len(prompt) + steps
+        try:
+            made = self.model.generate(torch.tensor([prompt], device=self.device), max_new_tokens=steps,
+                                       min_new_tokens=0 if to_end else steps, do_sample=False,
+                                       pad_token_id=self.tokenizer.eos_token_id)
+        finally:
+            self.rotary.turned = None
         return made[0, len(prompt):].tolist()
 
 
@@ -424,15 +494,16 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def memory_line(m: Pretrained, scalings: list[RopeScaling], length: int) -> str:
-    """What the longest window takes, said before any window runs."""
+def memory_line(m: Pretrained, scalings: list[RopeScaling], length: int, decoding: bool = False) -> str:
+    """What the longest window (`decoding`: prompt, decoded greedily) takes, said before any runs."""
     worst = max(scalings, key=lambda s: 2 if s.kind in TWO_MAPS else s.kind == "dope")
     saved = m.rotary.scaling
     m.rotary.scaling = worst
-    weights, peak = m.memory(length)
+    weights, peak = m.memory(length, decoding)
     m.rotary.scaling = saved
     params = sum(p.numel() for p in m.model.parameters())
-    return (f"{m.run_id}: {params / 1e6:.0f}M parameters in {m.dtype} ({gib(weights)}); one window of {length} tokens "
+    what = "prompt" if decoding else "window"
+    return (f"{m.run_id}: {params / 1e6:.0f}M parameters in {m.dtype} ({gib(weights)}); one {what} of {length} tokens "
             f"needs about {gib(weights + peak)} in all ({worst.label} the largest), context {m.train_len}")
 
 
@@ -632,7 +703,7 @@ def passkey(spec: str, cfg: ProbesConfig, eval_cfg: EvalConfig, lengths: tuple[i
     m = load(spec, base, device, dtype)
     probe = parse_probe("passkey")
     scalings = policies(m, eval_cfg)
-    say(memory_line(m, scalings, max(lengths)))
+    say(memory_line(m, scalings, max(lengths), decoding=True))
     prompts = {}
     for n in lengths:
         for depth in probe.variants():
@@ -669,7 +740,7 @@ def ruler_probe(name: str, spec: str, cfg: ProbesConfig, eval_cfg: EvalConfig, l
     count = lambda text: len(encode(m.tokenizer, text))  # noqa: E731
     prompts = {(n, None): [ruler.prompt(t, n, f"{name}:{cfg.seed}:{n}:{i}", count, essay) for i in range(cfg.trials)]
                for n in lengths}
-    say(memory_line(m, scalings, max(lengths)))
+    say(memory_line(m, scalings, max(lengths), decoding=True))
     base_row = model_row(m, cfg, task, name, f"{name}:essay={cfg.ruler_essay}", f"+essay-{essay.fingerprint}")
     chance = {cell: sum(map(ruler.chance, ps)) / len(ps) for cell, ps in prompts.items()}
     return judge_prompts(m, scalings, prompts, lambda p: ruler_verdicts(m, t, p), base_row, out, progress,

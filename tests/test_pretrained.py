@@ -177,6 +177,46 @@ def test_a_decoded_token_reads_the_same_map_as_a_full_forward(tiny):
     tiny.set_scaling(RopeScaling())
 
 
+@pytest.mark.parametrize("scaling", [RopeScaling("self-extend", group=2, window=4), RopeScaling("rerope", window=3, leak=2.0)])
+def test_decoding_turns_each_new_key_once_and_reads_as_turning_all(tiny, scaling, monkeypatch):
+    """While a prompt decodes, each layer keeps its turned keys: a decoded token turns only its own
+    key, and what attention reads is, bit for bit, every key turned again; after the prompt nothing
+    is kept. The grouped kernel call equals the call over keys repeated per query head, bit for bit."""
+    prompt = torch.randint(0, len(CHARS), (1, 14)).tolist()[0]
+    tiny.set_scaling(scaling)
+    turned, starts = pretrained.turned_keys, []
+
+    def checked(rotary, layer, key, value, inv, policy):
+        before = rotary.turned.get(layer)
+        n = before.n if before else 0
+        got = turned(rotary, layer, key, value, inv, policy)
+        starts.append(n if rotary.turned[layer] is before else 0)  # kept: only the keys from n on turned
+        kept, rotary.turned = rotary.turned, None
+        assert all(torch.equal(a, b) for a, b in zip(got, turned(rotary, layer, key, value, inv, policy)))
+        rotary.turned = kept
+        return got
+
+    monkeypatch.setattr(pretrained, "turned_keys", checked)
+    made = tiny.greedy(prompt, 4)
+    monkeypatch.undo()
+    layers = tiny.model.config.num_hidden_layers
+    assert starts == [0] * layers + [n for n in range(len(prompt), len(prompt) + 3) for _ in range(layers)]
+    assert tiny.rotary.turned is None
+    kept = pretrained.Turned(scaling, torch.ones(4), *(torch.zeros(1, 2, 20, HEAD) for _ in range(3)), 14)
+    value = torch.zeros(1, 2, 15, HEAD)
+    assert kept.holds(value, scaling, torch.ones(4))
+    value[0, 0, 13, 0] = 1.0  # another prompt's keys: turned again
+    assert not kept.holds(value, scaling, torch.ones(4)) and not kept.holds(value[:, :, :14], scaling, torch.ones(4))
+    tiny.set_scaling(RopeScaling())
+    assert len(made) == 4
+    fused = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if fused is not None:
+        for tq in (1, 3):
+            q, k, v = torch.randn(1, 4, tq, HEAD), torch.randn(1, 2, 9, HEAD), torch.randn(1, 2, 9, HEAD)
+            want = pretrained._fused(fused, q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), 0.3)
+            assert all(torch.equal(a, b) for a, b in zip(pretrained._grouped(fused, q, k, v, 0.3), want))
+
+
 def test_bad_models_are_one_line(tmp_path, folder):
     (tmp_path / "empty").mkdir()
     for spec, message in [
