@@ -74,6 +74,14 @@ class Distributed:
             return flag
         return self.mean(torch.tensor(float(flag), device=device)).item() > 0
 
+    def wait(self) -> None:
+        """Every rank here before any goes on: at the end of training, so that no rank tears the
+        process group down while another still writes or reads through it."""
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
     def close(self) -> None:
         if self.world > 1:
             import torch.distributed as dist

@@ -175,6 +175,7 @@ def train_ensemble(
                 for run in runs:
                     run.row["ensemble"] = len(runs)
             outcomes.update(_loop(runs, progress and ddp.main, stop_after))
+            ddp.wait()
             return [outcomes[s.run_id] for s in specs]
     finally:
         ddp.close()

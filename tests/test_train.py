@@ -144,26 +144,37 @@ def test_warmup_then_cosine():
 
 def test_ddp_two_processes_match_one(corpus_dir, tmp_path):
     """torchrun with 2 CPU processes (gloo) follows the single-process run of the same global batch."""
+    import os
     import socket
     import subprocess
     import sys
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     flags = ["train", "--scheme", "alibi", "--data", f"files:{corpus_dir}", "--tokenizer", "bytes",
              "--train-len", "16", "--steps", "5", "--batch-size", "8", "--d-model", "32", "--layers", "1",
              "--heads", "2", "--device", "cpu"]
     single = subprocess.run([sys.executable, "-m", "posbench", *flags, "--runs-dir", str(tmp_path / "one")],
                             capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr
-    ddp = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-         "--master_port", str(port), "-m", "posbench", *flags, "--runs-dir", str(tmp_path / "two")],
-        capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
-    assert ddp.returncode == 0, ddp.stderr[-2000:]
+
+    def torchrun(runs_dir):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        return subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+             "--master_port", str(port), "-m", "posbench", *flags, "--runs-dir", str(runs_dir)],
+            capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    where = tmp_path / "two"
+    ddp = torchrun(where)
+    if ddp.returncode and "Signal" in ddp.stderr:  # a process killed by a signal, not by posbench: once more, afresh
+        where = tmp_path / "again"
+        ddp = torchrun(where)
+    # the processes' own words (torchrun's summary of them alone says little)
+    said = [line for line in ddp.stderr.splitlines() if any(w in line for w in ("Error", "error", "what()", "terminate"))]
+    assert ddp.returncode == 0, "\n".join(said[:20]) + "\n" + ddp.stderr[-1500:]
     (one,) = results.read_rows(tmp_path / "one" / "runs.csv")
-    (two,) = results.read_rows(tmp_path / "two" / "runs.csv")  # rank 0 alone wrote
+    (two,) = results.read_rows(where / "runs.csv")  # rank 0 alone wrote
     assert one["run_id"] == two["run_id"]
     assert float(two["final_train_loss"]) == pytest.approx(float(one["final_train_loss"]), rel=1e-4)
     assert float(two["final_val_loss"]) == pytest.approx(float(one["final_val_loss"]), rel=1e-4)
