@@ -8,7 +8,7 @@
 # A policy's rows are written as each length finishes, and --resume keeps the cells that the
 # output folder (results/pretrained, or the one named after the shard) holds already, so a stopped
 # shard, started again, goes on where it stopped. A third argument reads only those policies
-# (e.g. none,yarn,longrope first: Self-Extend's decoding turns every cached key at each token).
+# (e.g. none,yarn,longrope first: a Self-Extend prompt takes three to four times as long).
 #     bash results/pretrained/ruler.sh 1|2 [OUT] [POLICIES]
 set -euo pipefail
 export OMP_NUM_THREADS=1  # one thread per command: on cores shared with other jobs, two threads wait on each other
