@@ -333,7 +333,8 @@ def probes_markdown(rows, directory: Path) -> list[str]:
           f"positions that far; {NOT_LEARNED_NOTE}.", ""]
     for probe, g in sorted(df.groupby("probe")):
         specs = ", ".join(f"`{s}`" for s in sorted(g["spec"].unique()))
-        path = plot_probe_heatmap(g, directory / f"probe_{probe}.png", f"{probe} accuracy, % (below: its 95% interval)")
+        stem = "probe_" + probe.replace(":", "-")  # ruler:cwe: no colon in a file name (Windows) or a link (a URL scheme)
+        path = plot_probe_heatmap(g, directory / f"{stem}.png", f"{probe} accuracy, % (below: its 95% interval)")
         chance = pd.to_numeric(g.get("chance"), errors="coerce").max()
         level = f" Chance per answer: {100 * chance:.3g}%." if chance == chance else ""
         missed = sorted(g.loc[g["label"].str.endswith(NOT_LEARNED_LABEL), "label"].unique())
@@ -342,7 +343,7 @@ def probes_markdown(rows, directory: Path) -> list[str]:
         md += [f"### {probe}", "", f"Trained on {specs}.{level}{verdict}", "", markdown_table(*probe_grid(g)), "",
                f"![{path.stem}]({path.name})", ""]
         if g.groupby("label")["seed"].nunique().max() > 1:  # over seeds: every seed a point
-            seeds = plot_probe_seeds(g, directory / f"probe_{probe}_seeds.png",
+            seeds = plot_probe_seeds(g, directory / f"{stem}_seeds.png",
                                      f"{probe}: each seed's accuracy (bar: median; diamond: mean)")
             md += [f"![{seeds.stem}]({seeds.name})", ""]
     return md

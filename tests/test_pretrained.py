@@ -322,6 +322,9 @@ def test_ruler_tasks_write_rows_with_prompt_counts_and_intervals(folder, tmp_pat
         assert 0 <= float(r["acc_lo"]) <= float(r["accuracy"]) <= float(r["acc_hi"]) <= 1 and r["eval_len"] == "1024"
         assert r["spec"] == f"{r['probe']}:essay=pystdlib" and "+essay-" in r["corpus"]
         assert (float(r["chance"]) > 0) == (r["probe"] == "ruler:fwe")
+    plots = sorted(p.name for p in out.glob("probe_*.png"))  # no colon in a file name or a report's link
+    assert plots == ["probe_ruler-fwe.png", "probe_ruler-niah_single_1.png"]
+    assert "](probe_ruler-fwe.png)" in (out / "report.md").read_text()
     capsys.readouterr()
     assert main(["probe", "--model", f"hf:{folder}", "--probe", "ruler:niah_single_2", "--lengths", "600",
                  "--rope-scaling", "none", "--out", str(out)]) == 2
