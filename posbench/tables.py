@@ -825,9 +825,28 @@ def pretrained_ruler(directory: Path, model: str | None = None) -> str | None:
     return markdown_table(head, body)
 
 
+def pretrained_key_tokens(directory: Path, model: str | None = None) -> str | None:
+    """Per policy and length with key tokens counted (LongPPL's, posbench/docs/evaluation.md): the
+    perplexity, the key tokens and their share of the targets past the context, and the perplexity
+    on them; None where no row counted any (its windows reach no further than the context, or the
+    rows predate the count)."""
+    rows = [r for r in _model_rows(results.read_rows(results.table_path(directory, "extrapolation")), model)
+            if r.get("key_share") not in (None, "")]
+    if not rows:
+        return None
+    body = []
+    for r in sorted(rows, key=lambda r: (int(r["eval_len"]), _policy(r["scaling"]))):
+        key_ppl = f"{float(r['key_ppl']):.2f}" if r.get("key_ppl") not in (None, "") else "-"
+        body.append([r["scaling"], r["eval_len"], f"{float(r['ppl']):.2f}", r["key_tokens"],
+                     f"{float(r['key_share']):.2%}", key_ppl])
+    return markdown_table(["policy", "length", "ppl", "key tokens", "share of the targets past the context",
+                           "key-token ppl"], body)
+
+
 def pretrained(directory: Path) -> str:
     """Sections under `###` titles: where extrapolation.csv has a model's rows, perplexity by
-    policy and length, inside and past the context and perplexity's effective length; where
+    policy and length, inside and past the context, perplexity's effective length and the key
+    tokens where they were counted; where
     probes.csv has them, passkey, RULER's tasks and the probes' effective length on both bases.
     A folder with more than one model (another file, or the same in bfloat16: a row's `scheme`)
     has each model's sections in turn, the model's name after each title."""
@@ -841,7 +860,8 @@ def pretrained(directory: Path) -> str:
     for model in models:
         sections = ((("Perplexity by policy and length", pretrained_perplexity(directory, model)),
                      ("Inside and past the context, within each window", inside_and_past(directory, model)),
-                     ("Effective length", pretrained_effective(directory, model))) if model in windows else ()) + (
+                     ("Effective length", pretrained_effective(directory, model)),
+                     ("Key tokens past the context", pretrained_key_tokens(directory, model))) if model in windows else ()) + (
                     (("Passkey", pretrained_passkey(directory, model)),
                      ("RULER's synthetic tasks", pretrained_ruler(directory, model)),
                      ("Effective length of the probes", pretrained_probe_effective(directory, model)))

@@ -89,7 +89,7 @@ CASES = [
      {"seeds": True, "compact": True, "task": "probe-2026", "ratios": "2,4,8", "schemes": PROBE_2026}),
     ("probe-2026/README.md", "probes", "probe-2026", {"seeds": True, "task": "probe-2026", "schemes": PROBE_2026}),
     ("extend-passkey/README.md", "extend", "extend-passkey", {}),
-    ("pretrained/README.md", "pretrained", "pretrained", {"nth": {6: 1}}),  # the bfloat16 model's probe lengths
+    ("pretrained/README.md", "pretrained", "pretrained", {"nth": {7: 1}}),  # the bfloat16 model's probe lengths
     ("attention/README.md", "attention", "attention",
      {"schemes": "none,sinusoidal,learned,rope,rope+logn,rope+ssmax,alibi,t5,uniform"}),
     ("attention/README.md", "attention", "attention",
