@@ -90,6 +90,7 @@ CASES = [
     ("probe-2026/README.md", "probes", "probe-2026", {"seeds": True, "task": "probe-2026", "schemes": PROBE_2026}),
     ("extend-passkey/README.md", "extend", "extend-passkey", {}),
     ("pretrained/README.md", "pretrained", "pretrained", {"nth": {7: 1}}),  # the bfloat16 model's probe lengths
+    ("pretrained/key-tokens/README.md", "pretrained", "pretrained/key-tokens", {}),
     ("attention/README.md", "attention", "attention",
      {"schemes": "none,sinusoidal,learned,rope,rope+logn,rope+ssmax,alibi,t5,uniform"}),
     ("attention/README.md", "attention", "attention",
