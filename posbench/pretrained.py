@@ -41,7 +41,9 @@ import random
 import re
 import struct
 import sys
+import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -634,6 +636,8 @@ def judge_prompts(m: Pretrained, scalings: list[RopeScaling], prompts: dict[tupl
     fails at its own context as `no reference`)."""
     rows, judged = [], {}
     kept = kept_rows(out, base_row) if resume else {}
+    done = kept_prompts(out, base_row) if resume else {}
+    prompt_base = {k: v for k, v in base_row.items() if k in results.TABLES["prompts"]["columns"]}
     lengths = list(dict.fromkeys(n for n, _ in prompts))
     with Bar(progress, "prompt") as bar:
         for scaling in scalings:
@@ -653,10 +657,10 @@ def judge_prompts(m: Pretrained, scalings: list[RopeScaling], prompts: dict[tupl
                     bar.start(f"{base_row['probe']} {scaling.label} {n}", sum(len(prompts[c]) for c in cells))
                     judged[key] = ({}, scaling.label)
                     for cell in cells:
-                        said = []
-                        for item in prompts[cell]:
-                            said.append(verdicts(item))
-                            bar.step(f"{variant_label(cell[1])} {sum(said[-1])}/{len(said[-1])} right".strip())
+                        where = {**prompt_base, "eval_len": n, "variant": variant_label(cell[1]),
+                                 "scaling": scaling.label, "backend": m.backend}
+                        said = [judge_prompt(out, where, i, item, verdicts, done, bar)
+                                for i, item in enumerate(prompts[cell])]
                         judged[key][0][cell] = counts(said)
                 shared = judged[key][1]
                 reason = detected or ("" if shared == scaling.label else results.shared_note(shared))
@@ -669,6 +673,40 @@ def judge_prompts(m: Pretrained, scalings: list[RopeScaling], prompts: dict[tupl
                 results.merge_rows(out, "probes", group)
             rows += group
     return rows
+
+
+def prompt_sha(item) -> str:
+    """A fingerprint of one prompt as judged (its text or tokens and its answers)."""
+    return hashlib.sha256(repr(item).encode()).hexdigest()[:16]
+
+
+def judge_prompt(out: Path, where: dict, index: int, item, verdicts, done: dict[tuple, dict], bar: Bar) -> list[bool]:
+    """The verdicts on prompt `index` of the cell `where` (its prompts.csv columns): kept from
+    `done` (`kept_prompts`) when it holds this very prompt, else judged and merged into
+    out/prompts.csv at once, so that an interruption loses at most the prompt in progress."""
+    sha, label = prompt_sha(item), where["variant"]
+    old = done.get((where["scaling"], where["eval_len"], label, index))
+    if old is not None and old["prompt_sha"] == sha:
+        said = [v == "y" for v in old["verdicts"]]
+        bar.step(f"{label} {sum(said)}/{len(said)} right, kept".strip())
+        return said
+    began = time.perf_counter()
+    said = verdicts(item)
+    results.merge_rows(out, "prompts", [{
+        **where, "prompt": index, "prompt_sha": sha, "answers": len(said), "hits": sum(said),
+        "verdicts": "".join("y" if v else "n" for v in said), "seconds": round(time.perf_counter() - began, 1),
+        "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}])
+    bar.step(f"{label} {sum(said)}/{len(said)} right".strip())
+    return said
+
+
+def kept_prompts(out: Path, base_row: dict) -> dict[tuple, dict]:
+    """out/prompts.csv's rows of this model, probe, prompt spec and seed, by (policy, length,
+    variant, prompt index): the prompts `--resume` does not judge again (if the prompt is the same)."""
+    same = ("run_id", "probe", "spec", "seed")
+    return {(r["scaling"], int(r["eval_len"]), r["variant"], int(r["prompt"])): r
+            for r in results.read_rows(results.table_path(out, "prompts"))
+            if all(r[k] == str(base_row[k]) for k in same)}
 
 
 def kept_rows(out: Path, base_row: dict) -> dict[tuple, dict]:

@@ -72,6 +72,16 @@ TABLES: dict[str, dict[str, list[str]]] = {
                     "reason", "parent_run", "extend_method", "extend_len", "extend_steps",
                     "position_sampling"] + PROVENANCE,
     },
+    # One row per prompt of a pretrained model's probe (posbench.pretrained.judge_prompts): its
+    # verdict per reference (`verdicts`: y or n each), written as each prompt is judged, so that
+    # `--resume` reads again only the prompts an interruption lost, and policies can be paired
+    # prompt by prompt. `prompt_sha` fingerprints the prompt: a kept verdict is for the same prompt.
+    "prompts": {
+        "key": ["run_id", "probe", "spec", "seed", "eval_len", "variant", "scaling", "prompt"],
+        "columns": ["run_id", "task", "probe", "spec", "scheme", "seed", "train_len", "eval_len", "variant",
+                    "scaling", "prompt", "prompt_sha", "answers", "hits", "verdicts", "seconds", "backend",
+                    "device", "dtype", "git_sha", "created", "machine"],
+    },
     # Per run and protocol (perplexity: mode and stride; accuracy: the probe), the longest length
     # from the training length up whose value stays within `criterion` (posbench.effective). The
     # criterion is part of the key: `extrapolate --tolerance 0.2` and a later report at the default
@@ -126,8 +136,8 @@ INTEGERS = {"seed", "train_len", "steps", "tokens", "n_params", "eval_len", "str
             "window", "start", "bucket", "position_start", "position_end", "trials", "hits", "max_len",
             "effective_len", "batch", "heads", "head_dim", "seq_len", "stopped_at", "answers", "exact", "extend_len",
             "extend_steps", "scored_tokens", "padding_tokens", "layer", "head", "windows", "far_from",
-            "key_tokens"}
-NUMBERS = {"final_train_loss", "final_val_loss", "unigram_val_loss", "train_seconds", "tokens_per_second",
+            "key_tokens", "prompt"}
+NUMBERS = {"seconds", "final_train_loss", "final_val_loss", "unigram_val_loss", "train_seconds", "tokens_per_second",
            "model_flops_per_second", "mfu", "ratio", "loss", "ppl", "loss_se", "ppl_lo", "ppl_hi",
            "accuracy", "acc_lo", "acc_hi", "reference", "criterion", "median_ms", "iqr_ms", "tflops",
            "peak_mem_mb", "ratio_vs_none", "final_val_accuracy", "exact_match", "em_lo", "em_hi", "chance",

@@ -400,13 +400,17 @@ def test_an_interrupted_probe_resumes_at_the_length_it_lost(folder, tmp_path, mo
     monkeypatch.setattr(pretrained, "ruler_verdicts", counted)
     command = ["probe", "--model", f"hf:{folder}", "--probe", "ruler:niah_single_1", "--lengths", "1024,1200",
                "--trials", "2", "--out", str(out)]
-    fail_at = 3  # the first of 1200's prompts: 1024's rows are written, 1200's are not
+    fail_at = 4  # the second of 1200's prompts: 1024's rows are written, 1200's are not
     assert main(command + ["--rope-scaling", "none"]) == 130  # Ctrl-C: one line, what was written kept
     assert [r["eval_len"] for r in results.read_probes(out)] == ["1024"]
     before = results.read_probes(out)[0]
+    judged = results.read_rows(out / "prompts.csv")  # each prompt's verdicts, as it was judged
+    assert [(r["eval_len"], r["prompt"]) for r in judged] == [("1024", "0"), ("1024", "1"), ("1200", "0")]
+    assert all(len(r["verdicts"]) == int(r["answers"]) == 1 and r["verdicts"] in "yn" for r in judged)
     fail_at, calls[:] = 0, []
     assert main(command + ["--rope-scaling", "none,yarn", "--resume"]) == 0
-    assert len(calls) == 2 + 2 * 2  # none at 1200, then yarn at both lengths
+    assert len(calls) == 1 + 2 * 2  # none's second prompt at 1200, then yarn at both lengths
+    assert "1200: prompt 1/2, " in capsys.readouterr().err  # the first, kept, said so
     rows = {(r["scaling"], r["eval_len"]): r for r in results.read_probes(out)}
     assert sorted(rows) == [("none", "1024"), ("none", "1200"), ("yarn", "1024"), ("yarn", "1200")]
     assert rows[("none", "1024")] == before  # kept, not read again
@@ -418,8 +422,18 @@ def test_an_interrupted_probe_resumes_at_the_length_it_lost(folder, tmp_path, mo
     assert main(command[:-1] + [str(shared), "--rope-scaling", "none,pi", "--scaling-factor", "1", "--resume"]) == 0
     pi = {r["eval_len"]: r for r in results.read_probes(shared) if r["scaling"] == "pi:1"}  # its factor named
     assert calls == [] and sorted(pi) == ["1024", "1200"] and "same frequencies as none" in pi["1200"]["reason"]
+    judged = {(r["scaling"], r["eval_len"], r["prompt"]): r for r in results.read_rows(out / "prompts.csv")}
+    assert len(judged) == 2 * 2 * 2 and all(r["hits"] == str(r["verdicts"].count("y")) for r in judged.values())
+    for length in ("1024", "1200"):  # the cell's counts are its prompts' verdicts
+        hits = sum(int(judged[("none", length, p)]["hits"]) for p in "01")
+        assert hits == int(rows[("none", length)]["hits"])
     assert main(command + ["--rope-scaling", "none", "--trials", "3", "--resume"]) == 0
-    assert len(calls) == 3 * 2  # three prompts a cell are other cells than two: read again
+    assert len(calls) == 2  # a third prompt a cell: the first two are the same prompts, kept
+    table = out / "prompts.csv"
+    table.write_text(table.read_text().replace(judged[("none", "1024", "0")]["prompt_sha"], "0" * 16))
+    calls[:] = []
+    assert main(command + ["--rope-scaling", "none", "--trials", "4", "--resume"]) == 0
+    assert len(calls) == 1 + 2  # a kept verdict of another prompt is not reused; the fourth prompts are new
     capsys.readouterr()
     assert main(["probe", "--runs-dir", str(tmp_path), "--probe", "mqar", "--resume"]) == 2
     assert "--resume keeps the rows of a pretrained model's prompts" in capsys.readouterr().err

@@ -5,9 +5,10 @@
 # in bfloat16 as RULER runs models (on a Xeon with AMX, a 16k prompt takes a minute on one thread).
 # Two shards side by side, one thread each:
 #     bash results/pretrained/ruler.sh 1 & bash results/pretrained/ruler.sh 2; wait
-# A policy's rows are written as each length finishes, and --resume keeps the cells that the
-# output folder (results/pretrained, or the one named after the shard) holds already, so a stopped
-# shard, started again, goes on where it stopped. A third argument reads only those policies
+# A policy's rows are written as each length finishes and each prompt's verdicts as it is judged
+# (prompts.csv), and --resume keeps the cells and prompts that the output folder
+# (results/pretrained, or the one named after the shard) holds already, so a stopped shard, started
+# again, goes on from the prompt where it stopped. A third argument reads only those policies
 # (e.g. none,yarn,longrope first: a Self-Extend prompt takes three to four times as long).
 #     bash results/pretrained/ruler.sh 1|2 [OUT] [POLICIES]
 set -euo pipefail
