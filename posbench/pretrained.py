@@ -43,7 +43,6 @@ import struct
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -686,37 +685,39 @@ def judge_prompt(out: Path, where: dict, index: int, item, verdicts, done: dict[
     out/prompts.csv at once, so that an interruption loses at most the prompt in progress."""
     sha, label = prompt_sha(item), where["variant"]
     old = done.get((where["scaling"], where["eval_len"], label, index))
-    if old is not None and old["prompt_sha"] == sha:
+    kept = old is not None and old["prompt_sha"] == sha
+    if kept:
         said = [v == "y" for v in old["verdicts"]]
-        bar.step(f"{label} {sum(said)}/{len(said)} right, kept".strip())
-        return said
-    began = time.perf_counter()
-    said = verdicts(item)
-    results.merge_rows(out, "prompts", [{
-        **where, "prompt": index, "prompt_sha": sha, "answers": len(said), "hits": sum(said),
-        "verdicts": "".join("y" if v else "n" for v in said), "seconds": round(time.perf_counter() - began, 1),
-        "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}])
-    bar.step(f"{label} {sum(said)}/{len(said)} right".strip())
+    else:
+        began = time.perf_counter()
+        said = verdicts(item)
+        results.merge_rows(out, "prompts", [{
+            **where, "prompt": index, "prompt_sha": sha, "answers": len(said), "hits": sum(said),
+            "verdicts": "".join("y" if v else "n" for v in said), "seconds": round(time.perf_counter() - began, 1),
+            "created": results.stamp()}])
+    bar.step(f"{label} {sum(said)}/{len(said)} right{', kept' if kept else ''}".strip())
     return said
 
 
 def kept_prompts(out: Path, base_row: dict) -> dict[tuple, dict]:
     """out/prompts.csv's rows of this model, probe, prompt spec and seed, by (policy, length,
     variant, prompt index): the prompts `--resume` does not judge again (if the prompt is the same)."""
-    same = ("run_id", "probe", "spec", "seed")
     return {(r["scaling"], int(r["eval_len"]), r["variant"], int(r["prompt"])): r
-            for r in results.read_rows(results.table_path(out, "prompts"))
-            if all(r[k] == str(base_row[k]) for k in same)}
+            for r in results.read_rows(results.table_path(out, "prompts")) if same_prompts(r, base_row)}
+
+
+def same_prompts(row: dict, base_row: dict) -> bool:
+    """Whether a kept row is of this model, probe, prompt spec and seed (so of the same prompts)."""
+    return all(row[k] == str(base_row[k]) for k in ("run_id", "probe", "spec", "seed"))
 
 
 def kept_rows(out: Path, base_row: dict) -> dict[tuple, dict]:
     """out/probes.csv's rows of this model, probe, prompt spec and seed, by (policy, length,
     variant, prompts): the cells `--resume` does not read again. Counts come back as numbers; a
     row that an earlier posbench gated `not learned` comes back `ok`, its gate's reason dropped."""
-    same = ("run_id", "probe", "spec", "seed")
     kept = {}
     for r in results.read_rows(results.table_path(out, "probes")):
-        if all(r[k] == str(base_row[k]) for k in same) and r["status"] in ("ok", NOT_LEARNED):
+        if same_prompts(r, base_row) and r["status"] in ("ok", NOT_LEARNED):
             row = {**r, **{k: int(r[k]) for k in ("eval_len", "train_len", "answers", "hits", "trials", "exact")}}
             if r["status"] == NOT_LEARNED:
                 reasons = [x for x in r["reason"].split("; ") if not x.endswith(GATED)]

@@ -421,7 +421,7 @@ def record_merge(directory: Path | str, source: Path | str, rows: dict[str, int]
     each table, and when. Checked first by check_provenance."""
     made = read_provenance(source)
     entry = {"folder": str(source), **{k: made[k] for k in MADE_BY if k in made}, "rows": rows,
-             "when": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+             "when": stamp()}
     path = Path(directory) / "provenance.json"
     with _locked(path):
         prov = read_provenance(directory)
@@ -439,6 +439,11 @@ def write_provenance(directory: Path | str, prov: dict) -> None:
         write_atomic(path, json.dumps(prov, indent=1) + "\n")
 
 
+def stamp() -> str:
+    """Now, in UTC, as result rows and provenance.json write it (2026-12-06T14:48:09Z)."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def provenance(device: str, dtype: str, corpus: str = "") -> dict[str, str]:
     return {
         "device": device,
@@ -448,6 +453,6 @@ def provenance(device: str, dtype: str, corpus: str = "") -> dict[str, str]:
         "git_sha": git_sha(),
         "python": platform.python_version(),
         "corpus": corpus,
-        "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "created": stamp(),
         **machine.current(device).columns(),
     }
