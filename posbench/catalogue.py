@@ -100,7 +100,7 @@ behind each scheme, beside its measurements: [choices.md](choices.md).
 def policy_rows() -> list[dict[str, str]]:
     """Every eval-time RoPE policy (`--rope-scaling`, and longrope from `extend`): its formula,
     reference and settings."""
-    from posbench.schemes.rotary import KINDS, POLICIES
+    from posbench.policies import KINDS, POLICIES
 
     return [{"policy": k, "formula": POLICIES[k][0], "reference": POLICIES[k][1], "settings": POLICIES[k][2] or "-"}
             for k in KINDS]

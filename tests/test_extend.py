@@ -14,7 +14,9 @@ from posbench import config, extending, layout, results
 from posbench.cli import main
 from posbench.errors import PosbenchError
 from posbench.positions import pose_positions
-from posbench.schemes.rotary import RopeScaling, rope_frequencies, self_extend_positions
+from posbench.policies import RopeScaling
+from posbench.policies.frequencies import rope_frequencies
+from posbench.policies.two_maps import self_extend_positions
 from posbench.runs import RunSpec, build_model, load_parent, load_trained
 from posbench.training import train
 

@@ -16,8 +16,10 @@ from posbench.cli import main
 from posbench.errors import PosbenchError
 from posbench.runs import RunSpec
 from posbench.schemes.dope import DOPE_SEED, dope_qk, flagged_count, gaussian_like, noisy_heads, truncated_entropy
-from posbench.schemes.rotary import (RopeScaling, detect_dpe_scales, dpe_candidates, dpe_default, dpe_pair_scales,
-                                     dpe_positions, freq_band, rope_frequencies, two_map_scores)
+from posbench.policies import RopeScaling
+from posbench.policies.dpe import detect_dpe_scales, dpe_candidates, dpe_default
+from posbench.policies.frequencies import freq_band, rope_frequencies
+from posbench.policies.two_maps import dpe_pair_scales, dpe_positions, two_map_scores
 from posbench.training import train
 
 BASE = 10000.0

@@ -19,7 +19,7 @@ pytest.importorskip("transformers", reason="the pretrained extra (transformers) 
 from posbench import config, pretrained, probing, results  # noqa: E402
 from posbench.cli import main  # noqa: E402
 from posbench.errors import PosbenchError  # noqa: E402
-from posbench.schemes.rotary import RopeScaling  # noqa: E402
+from posbench.policies import RopeScaling  # noqa: E402
 from tests.conftest import write_corpus  # noqa: E402
 
 pytestmark = pytest.mark.slow  # end to end: the fast tier (-m 'not slow') leaves it out

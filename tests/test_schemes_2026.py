@@ -242,7 +242,7 @@ def test_rope_pp_equal_cache_heads_are_the_real_and_imaginary_parts_of_every_hea
 def test_rope_pp_equal_cache_keeps_its_heads_under_the_two_map_policies():
     """rerope with a window past the window's length is plain RoPE everywhere: the logits hook
     pairs every head as the qk hook does, and the layer keeps its 2H heads."""
-    from posbench.schemes.rotary import RopeScaling
+    from posbench.policies import RopeScaling
 
     model = ec_model(heads=4, d_model=32)
     x = torch.randint(0, 50, (2, 12))

@@ -8,7 +8,9 @@ import torch
 from conftest import tiny_model
 from posbench.schemes.absolute import hierarchical_table
 from posbench.schemes.bias import alibi_slopes, t5_bucket
-from posbench.schemes.rotary import RopeScaling, rope_frequencies, rotate_half, yarn_ramp
+from posbench.policies import RopeScaling
+from posbench.policies.frequencies import rope_frequencies, yarn_ramp
+from posbench.policies.rotation import rotate_half
 from posbench.schemes.tables import sinusoid
 
 

@@ -7,7 +7,7 @@ import torch
 
 from posbench.errors import PosbenchError
 from posbench.schemes import SCHEMES, Dims
-from posbench.schemes.rotary import xpos_zeta
+from posbench.schemes.rotary_variants import xpos_zeta
 
 H, DH = 2, 8
 

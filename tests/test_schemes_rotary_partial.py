@@ -11,7 +11,7 @@ import torch
 from conftest import tiny_model
 from posbench.cli import main
 from posbench.errors import PosbenchError
-from posbench.schemes.rotary import RopeScaling
+from posbench.policies import RopeScaling
 
 T = 16
 

@@ -14,7 +14,8 @@ from posbench import attention, results
 from posbench.cli import main
 from posbench.errors import PosbenchError
 from posbench.schemes import SCHEMES, Dims
-from posbench.schemes.rotary import RopeScaling, rope_frequencies
+from posbench.policies import RopeScaling
+from posbench.policies.frequencies import rope_frequencies
 
 
 def make(name, d_head=8, heads=2, layers=2, train_len=16, **params):
@@ -428,7 +429,7 @@ def test_rope_pp_equals_the_reference_computation():
 def test_rope_pp_two_map_policies_read_the_paired_heads():
     """Under rerope with a window past the window's length every logit is the near map's, plain
     RoPE: the logits hook pairs the heads as the qk hook does."""
-    from posbench.schemes.rotary import RopeScaling
+    from posbench.policies import RopeScaling
 
     scheme = make("rope-pp", d_head=8, heads=4)
     pos = torch.arange(6) + 4
