@@ -327,7 +327,7 @@ def test_pretrained_dpe_reads_its_per_pair_map(llama, monkeypatch):
     x = torch.randint(0, 30, (1, 10))
     AttentionInterface.register("hand_dpe", per_pair_attention(rel))
     m.set_scaling(RopeScaling("dpe", window=4, scales=scales))
-    monkeypatch.setattr(pretrained, "ATTN_BYTES", 4 * 4 * 10 * 3)
+    monkeypatch.setattr(pretrained.attention, "ATTN_BYTES", 4 * 4 * 10 * 3)
     got = llama_logits(m, x)
     m.model.set_attn_implementation("hand_dpe")  # the identity rotary stays: q, k unrotated
     want = llama_logits(m, x)

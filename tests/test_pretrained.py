@@ -153,7 +153,7 @@ def test_two_map_policies_read_their_hand_computed_maps(kind, settings, rel, tin
     x = torch.randint(0, len(CHARS), (1, t))
     AttentionInterface.register("hand_map", reference_attention([[rel(i, j) for j in range(t)] for i in range(t)]))
     tiny.set_scaling(RopeScaling(kind, **settings))
-    monkeypatch.setattr(pretrained, "ATTN_BYTES", 4 * 4 * t * 3)  # 3 queries of 4 heads over 10 keys
+    monkeypatch.setattr(pretrained.attention, "ATTN_BYTES", 4 * 4 * t * 3)  # 3 queries of 4 heads over 10 keys
     got = logits(tiny, x)
     tiny.model.set_attn_implementation("hand_map")  # the identity rotary stays: q, k unrotated
     want = logits(tiny, x)
@@ -184,7 +184,7 @@ def test_decoding_turns_each_new_key_once_and_reads_as_turning_all(tiny, scaling
     is kept. The grouped kernel call equals the call over keys repeated per query head, bit for bit."""
     prompt = torch.randint(0, len(CHARS), (1, 14)).tolist()[0]
     tiny.set_scaling(scaling)
-    turned, starts = pretrained.turned_keys, []
+    turned, starts = pretrained.attention.turned_keys, []
 
     def checked(rotary, layer, key, value, inv, policy):
         before = rotary.turned.get(layer)
@@ -196,13 +196,13 @@ def test_decoding_turns_each_new_key_once_and_reads_as_turning_all(tiny, scaling
         rotary.turned = kept
         return got
 
-    monkeypatch.setattr(pretrained, "turned_keys", checked)
+    monkeypatch.setattr(pretrained.attention, "turned_keys", checked)
     made = tiny.greedy(prompt, 4)
     monkeypatch.undo()
     layers = tiny.model.config.num_hidden_layers
     assert starts == [0] * layers + [n for n in range(len(prompt), len(prompt) + 3) for _ in range(layers)]
     assert tiny.rotary.turned is None
-    kept = pretrained.Turned(scaling, torch.ones(4), *(torch.zeros(1, 2, 20, HEAD) for _ in range(3)), 14)
+    kept = pretrained.rotary.Turned(scaling, torch.ones(4), *(torch.zeros(1, 2, 20, HEAD) for _ in range(3)), 14)
     value = torch.zeros(1, 2, 15, HEAD)
     assert kept.holds(value, scaling, torch.ones(4))
     value[0, 0, 13, 0] = 1.0  # another prompt's keys: turned again
@@ -213,8 +213,8 @@ def test_decoding_turns_each_new_key_once_and_reads_as_turning_all(tiny, scaling
     if fused is not None:
         for tq in (1, 3):
             q, k, v = torch.randn(1, 4, tq, HEAD), torch.randn(1, 2, 9, HEAD), torch.randn(1, 2, 9, HEAD)
-            want = pretrained._fused(fused, q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), 0.3)
-            assert all(torch.equal(a, b) for a, b in zip(pretrained._grouped(fused, q, k, v, 0.3), want))
+            want = pretrained.attention._fused(fused, q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), 0.3)
+            assert all(torch.equal(a, b) for a, b in zip(pretrained.attention._grouped(fused, q, k, v, 0.3), want))
 
 
 def test_bad_models_are_one_line(tmp_path, folder):
@@ -389,7 +389,7 @@ def test_an_interrupted_probe_resumes_at_the_length_it_lost(folder, tmp_path, mo
     the cells --out lacks (a policy added later, a length lost to an interruption) and keeps the
     rest as they are. Without --model it is refused in one line."""
     out = tmp_path / "out"
-    real, calls = pretrained.ruler_verdicts, []
+    real, calls = pretrained.drivers.ruler_verdicts, []
 
     def counted(m, task, p):
         calls.append(len(p.text))
@@ -397,7 +397,7 @@ def test_an_interrupted_probe_resumes_at_the_length_it_lost(folder, tmp_path, mo
             raise KeyboardInterrupt
         return real(m, task, p)
 
-    monkeypatch.setattr(pretrained, "ruler_verdicts", counted)
+    monkeypatch.setattr(pretrained.drivers, "ruler_verdicts", counted)
     command = ["probe", "--model", f"hf:{folder}", "--probe", "ruler:niah_single_1", "--lengths", "1024,1200",
                "--trials", "2", "--out", str(out)]
     fail_at = 4  # the second of 1200's prompts: 1024's rows are written, 1200's are not
@@ -507,17 +507,17 @@ def test_a_gguf_load_parses_its_file_once_and_puts_gguf_back(monkeypatch):
     fake.GGUFReader, fake.get_tensor_name_map = Reader, lambda arch, n_blocks: object()
     names = fake.get_tensor_name_map
     monkeypatch.setitem(sys.modules, "gguf", fake)
-    with pretrained._read_once("gguf"):
+    with pretrained.loading._read_once("gguf"):
         import gguf
 
         first, again, other = gguf.GGUFReader("m.gguf"), gguf.GGUFReader("m.gguf"), gguf.GGUFReader("n.gguf")
         assert first is again and other is not first
         assert gguf.get_tensor_name_map("llama", 30) is gguf.get_tensor_name_map("llama", 30)
     assert made == ["m.gguf", "n.gguf"] and fake.GGUFReader is Reader and fake.get_tensor_name_map is names
-    with pytest.raises(RuntimeError), pretrained._read_once("gguf"):
+    with pytest.raises(RuntimeError), pretrained.loading._read_once("gguf"):
         raise RuntimeError("a load that fails")
     assert fake.GGUFReader is Reader and fake.get_tensor_name_map is names
-    with pretrained._read_once("hf"):
+    with pretrained.loading._read_once("hf"):
         assert fake.GGUFReader is Reader  # a Hugging Face folder is read as it is
 
 
@@ -552,7 +552,7 @@ def test_the_shipped_smollm2_gguf_reads_text_and_gives_results_pretrained_commit
     if sys.version_info[:2] != (3, 11):
         pytest.skip("the text was read; the committed cell's corpus is the running Python's standard library, "
                     "and it was read on 3.11")
-    monkeypatch.setattr(pretrained, "load", lambda spec, base=None, device="cpu", dtype="float32": m)  # the model loaded above
+    monkeypatch.setattr(pretrained.drivers, "load", lambda spec, base=None, device="cpu", dtype="float32": m)  # the model loaded above
     assert main(["extrapolate", "--model", SMOLLM2, "--lengths", "2048", "--tokens", committed["tokens"],
                  "--rope-scaling", "none", "--out", str(tmp_path)]) == 0
     row = results.read_rows(tmp_path / "extrapolation.csv")[0]

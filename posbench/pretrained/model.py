@@ -1,0 +1,170 @@
+"""The adapter: a loaded model as posbench reads it (`Pretrained`: a Scorer for perplexity, greedy
+decoding for prompts, the columns that name it in rows, the memory a window takes), with the
+policies of an evaluation set on it and the forwards they share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from posbench.config import EvalConfig
+from posbench.data import load_corpus
+from posbench.errors import PosbenchError
+from posbench.evaluate import (ATTN_BYTES, scaling_of)
+from posbench.policies import TWO_MAPS, RopeScaling
+from posbench.policies.dpe import dpe_ready
+from posbench.pretrained.attention import DOPE_ATTENTION, TWO_MAP_ATTENTION
+from posbench.pretrained.rotary import Rotary
+
+
+LOGIT_CHUNK = 1024  # positions whose vocabulary logits are formed at once
+
+
+@dataclass
+class Pretrained:
+    """A loaded model, its tokenizer and what rows say of it."""
+
+    spec: str
+    path: Path
+    model: nn.Module
+    tokenizer: object
+    rotary: Rotary
+    sha256: str
+    dtype: str = "float32"  # what its weights and activations compute in
+
+    @property
+    def name(self) -> str:
+        """The model's name in rows (their `scheme`): its file's or folder's, with the dtype after a
+        `+` unless float32, so that a table never mixes one precision's numbers with the other's."""
+        stem = self.path.stem if self.path.is_file() else self.path.name
+        return stem if self.dtype == "float32" else f"{stem}+{self.dtype}"
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.spec.partition(':')[0]}:{self.name}@{self.sha256[:12]}"
+
+    @property
+    def train_len(self) -> int:
+        return self.rotary.train_len
+
+    def set_scaling(self, scaling: RopeScaling) -> None:
+        pairs = self.rotary.dim // 2
+        if scaling.kind == "longrope" and len(scaling.factors) != pairs:
+            raise PosbenchError(f"longrope needs {pairs} factors for {self.name} (one per rotated pair), "
+                                f"got {len(scaling.factors)}")
+        dpe_ready(scaling, pairs, self.train_len, self.train_len)  # more DPE scales than pairs: refused
+        self.rotary.scaling = scaling
+        attention = {"dope": DOPE_ATTENTION}.get(scaling.kind, TWO_MAP_ATTENTION if scaling.kind in TWO_MAPS else "sdpa")
+        self.model.set_attn_implementation(attention)
+
+    @property
+    def backend(self) -> str:
+        return "explicit" if self.rotary.scaling.kind in TWO_MAPS else "sdpa"
+
+    def memory(self, length: int, decoding: bool = False) -> tuple[float, float]:
+        """(weights, peak activations) in bytes, estimated for one window of `length` tokens, or for a
+        prompt of `length` decoded greedily (`decoding`: the model's key-value cache beside it)."""
+        c = self.model.config
+        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        size = getattr(torch, self.dtype).itemsize  # bytes of an activation
+        per_token = size * (6 * c.hidden_size + 3 * c.intermediate_size)  # residual, norms, q/k/v/o, MLP
+        heads = 4 * length * self.rotary.dim  # one layer's keys (or values) of one head, float32
+        keys, kv = heads * c.num_attention_heads, heads * getattr(c, "num_key_value_heads", c.num_attention_heads)
+        # two maps: keys and values in float32, the keys turned for each map, a block's scores (while
+        # decoding, each layer keeps its turned keys and values: `Turned`); dope: keys and values
+        # repeated over the heads, and Gaussian q and k beside them
+        kind = self.rotary.scaling.kind
+        attention = 4 * kv + ATTN_BYTES if kind in TWO_MAPS else 6 * keys if kind == "dope" else 2 * keys * size // 4
+        cache = c.num_hidden_layers * kv * (2 * size // 4 + 3 * (kind in TWO_MAPS)) if decoding else 0
+        return weights, per_token * length + attention + cache + 3 * 4 * LOGIT_CHUNK * c.vocab_size
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @torch.inference_mode()
+    def token_losses(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (1, L + 1) -> (L,) loss of each next token (on the CPU), the vocabulary logits
+        LOGIT_CHUNK positions at a time on the model's device."""
+        tokens = tokens.to(self.device)
+        self.rotary.length = tokens.shape[1] - 1
+        hidden = self.model.model(input_ids=tokens[:, :-1], use_cache=False).last_hidden_state[0]  # (L, d)
+        targets = tokens[0, 1:]
+        return torch.cat([F.cross_entropy(self.model.lm_head(hidden[i: i + LOGIT_CHUNK]).float(),
+                                          targets[i: i + LOGIT_CHUNK], reduction="none")
+                          for i in range(0, hidden.shape[0], LOGIT_CHUNK)]).cpu()
+
+    def losses(self, tokens: torch.Tensor) -> torch.Tensor:
+        """As posbench.evaluate.Scorer: windows (B, L + 1) -> (B, L), one window per forward."""
+        return torch.stack([self.token_losses(window[None]) for window in tokens])
+
+    def per_forward(self, length: int) -> int:
+        return 1  # one window of up to the model's longest reading fills the memory
+
+    @torch.inference_mode()
+    def greedy(self, prompt: list[int], steps: int, to_end: bool = False) -> list[int]:
+        """`steps` tokens decoded greedily after `prompt` (`to_end`: fewer where the model writes its
+        end token), the window's frequencies those of the prompt."""
+        self.rotary.length = len(prompt)
+        self.rotary.turned, self.rotary.capacity = {}, len(prompt) + steps
+        try:
+            made = self.model.generate(torch.tensor([prompt], device=self.device), max_new_tokens=steps,
+                                       min_new_tokens=0 if to_end else steps, do_sample=False,
+                                       pad_token_id=self.tokenizer.eos_token_id)
+        finally:
+            self.rotary.turned = None
+        return made[0, len(prompt):].tolist()
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def memory_line(m: Pretrained, scalings: list[RopeScaling], length: int, decoding: bool = False) -> str:
+    """What the longest window (`decoding`: prompt, decoded greedily) takes, said before any runs."""
+    worst = max(scalings, key=lambda s: 2 if s.kind in TWO_MAPS else s.kind == "dope")
+    saved = m.rotary.scaling
+    m.rotary.scaling = worst
+    weights, peak = m.memory(length, decoding)
+    m.rotary.scaling = saved
+    params = sum(p.numel() for p in m.model.parameters())
+    what = "prompt" if decoding else "window"
+    return (f"{m.run_id}: {params / 1e6:.0f}M parameters in {m.dtype} ({gib(weights)}); one {what} of {length} tokens "
+            f"needs about {gib(weights + peak)} in all ({worst.label} the largest), context {m.train_len}")
+
+
+def token_stream(m: Pretrained, spec: str, split: str = "test") -> tuple[torch.Tensor, str]:
+    """The corpus's test split (or `split`) tokenized by the model's tokenizer, documents separated
+    by its end token, and the corpus fingerprint."""
+    corpus = load_corpus(spec)
+    eos = m.tokenizer.eos_token_id
+    ids: list[int] = []
+    for doc in corpus.splits[split]:
+        ids += m.tokenizer(doc, add_special_tokens=False).input_ids + ([eos] if eos is not None else [])
+    return torch.tensor(ids), corpus.fingerprint
+
+
+def distinct(m: Pretrained, scaling: RopeScaling, length: int) -> tuple:
+    """What the forward of a window depends on under `scaling`: policies that give the same
+    frequencies and attention factor at this length (every rescaling at s = 1) score alike; the
+    policies that form their own attention (two maps, dope) never share."""
+    if scaling.kind in (*TWO_MAPS, "dope"):
+        return (scaling, length)
+    saved, m.rotary.scaling, m.rotary.length = m.rotary.scaling, scaling, length
+    inv, mscale = m.rotary.frequencies()
+    m.rotary.scaling = saved
+    return (inv.numpy().tobytes(), mscale, length)
+
+
+def policies(m: Pretrained, eval_cfg: EvalConfig) -> list[RopeScaling]:
+    """The distinct policies of `eval_cfg`, each set once on the model so that a bad longrope
+    count fails before any prompt."""
+    scalings = list(dict.fromkeys(scaling_of(k, eval_cfg) for k in eval_cfg.rope_scaling))
+    for s in scalings:
+        m.set_scaling(s)
+    return scalings
