@@ -285,9 +285,11 @@ class Task:
     workers: int | str = 1  # worker processes of `posbench run` (a number, or "auto"; posbench.workers)
     # runs that differ only in seed trained as one stacked model (posbench.ensemble): "auto", "off" or N
     ensemble: int | str = "auto"
+    # [axes]: knobs of [model] and [train] that the grid crosses with schemes x seeds (posbench.axes)
+    axes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
     def check(self) -> None:
-        from posbench import layout
+        from posbench import axes, layout
         from posbench.schemes import get_scheme
         from posbench.schemes.base import coerce_params
 
@@ -308,6 +310,7 @@ class Task:
         for name in self.probes.train:
             self.train_for(name)  # every override a valid [train]
         check_extend_pairings(self)
+        axes.points(self)  # every point a valid [model] and [train]
         for cell in self.probes.cells:
             scheme = cell.partition(":")[2]
             plain = scheme.removesuffix(RANDOMIZED)
@@ -395,6 +398,10 @@ def _parse(path: Path) -> Task:
         raw["pretrained"] = model["pretrained"]
         if "dtype" in model:
             raw["pretrained_dtype"] = model["dtype"]
+    if "axes" in raw:
+        from posbench.axes import flatten
+
+        raw["axes"] = flatten(raw["axes"])
     if "passkey" in raw:
         raise PosbenchError(f'{path}: the [passkey] section became [probes]: names = ["passkey"] '
                             "(see posbench/docs/probes.md)")

@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from posbench import ensemble, layout, plugins, results
+from posbench import axes, ensemble, layout, plugins, results
 from posbench.config import Task
 from posbench.data import cached_tokens, is_probe
 from posbench.errors import PosbenchError, RunFailed, on_interrupt
@@ -63,23 +63,35 @@ def grid(task: Task) -> list[RunSpec]:
     positions), each run once, sorted by run_id (the order shards slice). A probe named as the
     task's data shares its runs. [probes] `cells` keeps only the cells it names, and `lrs` trains
     each probe cell once per learning rate (a sweep; a rate equal to the cell's own lr shares the
-    run_id of the run without the sweep)."""
-    cells = [(task.data, s, task.train) for s in task.schemes
-             if not is_probe(task.data) or task.probes.cell(task.data.spec, s, False)]
-    for name in task.probes.names:
-        data = dataclasses.replace(task.data, spec=name)
-        train = task.train_for(name)
-        rates = [dataclasses.replace(train, lr=lr) for lr in task.probes.lrs] or [train]
-        for randomized, schemes in ((False, task.schemes), (True, task.probes.randomized)):
-            cells += [(data, s, dataclasses.replace(t, randomize_positions=True) if randomized else t)
-                      for s in schemes if task.probes.cell(name, s, randomized) for t in rates]
+    run_id of the run without the sweep). The task's [axes] cross all of it: every point of them
+    (posbench.axes) its own runs."""
+    cells = []
+    for _, model, train in axes.points(task):
+        cells += [(task.data, s, model, train) for s in task.schemes
+                  if not is_probe(task.data) or task.probes.cell(task.data.spec, s, False)]
+        for name in task.probes.names:
+            data = dataclasses.replace(task.data, spec=name)
+            own = task.train_for(name)
+            if train != task.train:  # the axis point's knobs over the probe's own settings
+                own = dataclasses.replace(own, **{f.name: getattr(train, f.name) for f in dataclasses.fields(train)
+                                                  if getattr(train, f.name) != getattr(task.train, f.name)})
+            rates = [dataclasses.replace(own, lr=lr) for lr in task.probes.lrs] or [own]
+            for randomized, schemes in ((False, task.schemes), (True, task.probes.randomized)):
+                cells += [(data, s, model, dataclasses.replace(t, randomize_positions=True) if randomized else t)
+                          for s in schemes if task.probes.cell(name, s, randomized) for t in rates]
     specs = {
         spec.run_id: spec
-        for data, s, train in cells for seed in task.seeds
+        for data, s, model, train in cells for seed in task.seeds
         for spec in [RunSpec(scheme=s, params=task.params.get(s, {}), seed=seed, data=data,
-                             model=task.model, train=train, task=task.name)]
+                             model=model, train=train, task=task.name)]
     }
     return sorted(specs.values(), key=lambda r: r.run_id)
+
+
+def text_run(task: Task, spec: RunSpec) -> bool:
+    """A run of the task's own data and training settings (at one point of its axes), not a
+    probe's."""
+    return spec.data == task.data and spec.train in axes.trains(task)
 
 
 def shard_of(specs: list[RunSpec], shard: tuple[int, int]) -> list[RunSpec]:
@@ -157,7 +169,7 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
         specs = [s for s in specs if s.run_id not in done["failed"]]
         specs += run_extend(task, out, specs, device, resume, done, cache, log)
         for spec in specs:
-            if is_probe(spec.data) or (spec.extension is None and (spec.data != task.data or spec.train != task.train)):
+            if is_probe(spec.data) or (spec.extension is None and not text_run(task, spec)):
                 bar.advance(overall)  # a probe's run (or its child): scored on its probe below
                 continue
             run_dir = out / spec.run_id
@@ -221,7 +233,7 @@ def run_extend(task: Task, out: Path, specs: list[RunSpec], device: str, resume:
     from posbench import extending
 
     methods = {layout.recorded(k): v for k, v in task.extend.methods.items()}
-    parents = [s for s in specs if s.data == task.data and s.train == task.train and s.scheme in methods]
+    parents = [s for s in specs if text_run(task, s) and s.scheme in methods]
     if not parents:
         return []
     schemes = tuple(dict.fromkeys(s.scheme for s in parents))

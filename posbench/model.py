@@ -174,3 +174,11 @@ def _one_scheme_keys(module, state_dict, prefix, *args):
     old = prefix + "scheme."
     for key in [k for k in state_dict if k.startswith(old)]:
         state_dict[prefix + "layout.schemes.0." + key[len(old):]] = state_dict.pop(key)
+
+
+def non_embedding_params(model: Transformer) -> int:
+    """The parameters outside the token table, the output head and any position table (every
+    nn.Embedding): N of the scaling laws of Kaplan et al. (2020), 12 L d^2 for a plain block."""
+    skip = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
+    skip |= {id(p) for p in model.head.parameters()}
+    return sum(p.numel() for p in model.parameters() if id(p) not in skip)

@@ -42,7 +42,7 @@ TABLES: dict[str, dict[str, list[str]]] = {
                     "unigram_val_loss", "train_seconds", "tokens_per_second",
                     "model_flops_per_second", "mfu", "mfu_peak", "backend", "compile", "ensemble", "status",
                     "message", "parent_run", "extend_method", "extend_len", "extend_steps", "plugins",
-                    "weights_sha256"] + PROVENANCE,
+                    "weights_sha256", "d_model", "n_layers", "n_heads", "lr", "non_embedding_params"] + PROVENANCE,
     },
     "extrapolation": {
         "key": ["run_id", "eval_len", "mode", "stride", "scaling", "extension"],
@@ -115,10 +115,11 @@ TABLES: dict[str, dict[str, list[str]]] = {
 # Columns an older posbench did not write yet: a file may lack these (they read as empty), never
 # the others, without which its rows mean nothing (a merge of such a file would add junk rows).
 EXTENSION = {"parent_run", "extend_method", "extend_len", "extend_steps"}  # posbench.extension's columns
+SIZE = {"d_model", "n_layers", "n_heads", "lr", "non_embedding_params"}  # what a scaling axis reads
 SAMPLING = "position_sampling"  # `float` in the rows of an RFS run (posbench.positions)
 ADDED_LATER: dict[str, set[str]] = {
     "runs": {"model_flops_per_second", "mfu", "mfu_peak", "compile", "ensemble", "stopped_at", "final_val_accuracy", "plugins",
-             "scored_tokens", "padding_tokens", "weights_sha256", *EXTENSION, *MACHINE},
+             "scored_tokens", "padding_tokens", "weights_sha256", *EXTENSION, *MACHINE, *SIZE},
     "extrapolation": {"position_draws", "loss_se", "ppl_lo", "ppl_hi", "key_ppl", "key_share", "key_tokens", SAMPLING,
                       *EXTENSION, *MACHINE},
     "windows": {"params", "position_draws", SAMPLING, *EXTENSION},
@@ -132,12 +133,13 @@ ADDED_LATER: dict[str, set[str]] = {
 
 # What a cell of these columns holds, in every table that has them (other columns are text). An
 # empty cell is allowed (a failed run has no loss); nan and inf are numbers (a diverged loss).
-INTEGERS = {"seed", "train_len", "steps", "tokens", "n_params", "eval_len", "stride", "position_draws",
+INTEGERS = {"d_model", "n_layers", "n_heads", "non_embedding_params",
+            "seed", "train_len", "steps", "tokens", "n_params", "eval_len", "stride", "position_draws",
             "window", "start", "bucket", "position_start", "position_end", "trials", "hits", "max_len",
             "effective_len", "batch", "heads", "head_dim", "seq_len", "stopped_at", "answers", "exact", "extend_len",
             "extend_steps", "scored_tokens", "padding_tokens", "layer", "head", "windows", "far_from",
             "key_tokens", "prompt"}
-NUMBERS = {"seconds", "final_train_loss", "final_val_loss", "unigram_val_loss", "train_seconds", "tokens_per_second",
+NUMBERS = {"lr", "seconds", "final_train_loss", "final_val_loss", "unigram_val_loss", "train_seconds", "tokens_per_second",
            "model_flops_per_second", "mfu", "ratio", "loss", "ppl", "loss_se", "ppl_lo", "ppl_hi",
            "accuracy", "acc_lo", "acc_hi", "reference", "criterion", "median_ms", "iqr_ms", "tflops",
            "peak_mem_mb", "ratio_vs_none", "final_val_accuracy", "exact_match", "em_lo", "em_hi", "chance",

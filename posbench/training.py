@@ -22,7 +22,7 @@ from posbench.data import TokenData, check_probe_corpus, is_probe, load_tokens, 
 from posbench.device import Distributed, TrainingForward, autocast, resolve_device
 from posbench.errors import Interrupted, PosbenchError, RunFailed, first_line, on_interrupt, out_of_memory
 from posbench.extension import columns as extension_columns
-from posbench.model import Transformer
+from posbench.model import Transformer, non_embedding_params
 from posbench.positions import randomized_column
 from posbench.runs import (CHECKPOINT, COUNTS, FINAL, RunSpec, build_layout, build_model, load_checkpoint, load_parent,
                            save_checkpoint, weights_digest, write_log)
@@ -253,7 +253,9 @@ def _start(spec: RunSpec, runs_dir: Path, dev: torch.device, ddp: Distributed, r
         "run_id": spec.run_id, "task": spec.task, "scheme": spec.scheme,
         "params": model.layout.describe(), "seed": spec.seed, "train_len": spec.original_len,
         "randomized": randomized_column(t), "steps": t.steps,
-        "n_params": sum(p.numel() for p in model.parameters()), "backend": model.layout.backends(dev),
+        "n_params": sum(p.numel() for p in model.parameters()), "non_embedding_params": non_embedding_params(model),
+        "d_model": spec.model.d_model, "n_layers": spec.model.n_layers, "n_heads": spec.model.n_heads, "lr": t.lr,
+        "backend": model.layout.backends(dev),
         "compile": net.status, **extension_columns(spec.extension),
         "plugins": ";".join(f"{s.path}@{s.sha256[:12]}" for s in spec.plugin_sources()),
         **results.provenance(dev.type, t.dtype, fingerprint),
