@@ -13,6 +13,8 @@ of pooled answers). The tables and their options: posbench/docs/results.md.
                 context, effective length, passkey
     attention   attention measures by length beside perplexity, or one measure per layer
     speed       attention cost per scheme and length (speed.csv), one table per pass and shape
+    scaling     extrapolation by model size and training tokens: ratios, slopes, seed-paired verdicts
+                (posbench.scaling); figure=PATH also writes its plot
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from posbench.config import parse_list
 from posbench.errors import PosbenchError, did_you_mean
 from posbench.reporting import effective_text, label, labels, markdown_table
 from posbench.runs import data_spec
+from posbench.scaling import scaling as scaling_table
 
 PathLike = str | Path
 
@@ -973,7 +976,7 @@ def speed(directory: Path) -> str:
 # ---- the one entry point ------------------------------------------------------------------------
 
 TABLES = {"headline": headline, "probes": probes, "extend": extend, "pretrained": pretrained,
-          "attention": attention, "speed": speed}
+          "attention": attention, "speed": speed, "scaling": scaling_table}
 SEVERAL_FOLDERS = {"probes"}  # tables that read several folders as one (probes with seeds or pairs)
 
 

@@ -14,10 +14,10 @@ PAGES = ("results.md",)
 
 
 def table(
-    name: Annotated[str, typer.Argument(help="headline, probes, extend, pretrained, attention or speed")],
+    name: Annotated[str, typer.Argument(help="headline, probes, extend, pretrained, attention, speed or scaling")],
     directory: Annotated[List[Path], typer.Argument(help="the results folder (probes: one or more)")],
     *,
-    figure: Annotated[Optional[Path], typer.Option(help="headline: also write its plot there")] = None,
+    figure: Annotated[Optional[Path], typer.Option(help="headline, scaling: also write its plot there")] = None,
     seeds: Annotated[bool, typer.Option("--seeds", help="probes: the table over seeds")] = False,
     compact: Annotated[bool, typer.Option("--compact", help="probes, with --seeds: probe x scheme, the means "
                                                             "alone")] = False,
