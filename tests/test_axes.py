@@ -123,3 +123,35 @@ def test_axes_run_through_workers_and_shards_with_the_axis_in_the_rows(task_file
         assert 12 * int(layers) * int(d) ** 2 <= int(row[7]) < 1.1 * 12 * int(layers) * int(d) ** 2 < int(row[8])
     assert {r[0] for r in rows(tmp_path / "w", "extrapolation", ("eval_len",)).values()} >= {"16", "32"}
     assert rows(tmp_path / "w", "extrapolation", ("loss",)) == rows(tmp_path / "s1", "extrapolation", ("loss",))
+
+
+def test_the_gpu_scaling_task_spans_its_sizes():
+    task = config.load_task("scaling-gpu")
+    sizes = sorted({(s.model.d_model, s.model.n_layers) for s in grid(task)})
+    assert len(sizes) == 4 and len(grid(task)) == 4 * 6 * 3
+    n = [12 * layers * d * d for d, layers in sizes]
+    assert 20e6 < n[0] and n[-1] < 200e6 and n[-1] / n[0] > 6
+    assert all(s.model.d_model // s.model.n_heads == 64 for s in grid(task))
+    rates = [s.train.lr for s in sorted(grid(task), key=lambda s: s.model.d_model)]
+    assert rates == sorted(rates, reverse=True)  # the rule: inversely with the width
+
+
+@pytest.mark.slow
+def test_the_gpu_scaling_task_runs_at_tiny_settings_on_a_named_corpus(corpus_dir, tmp_path, capsys):
+    """tasks/scaling-gpu.toml with its sizes, lengths and budget cut to a CPU's, on --data files:."""
+    text = config.find_task("scaling-gpu").read_text()
+    text = text[:text.index("[axes]")].replace("train_len = 512", "train_len = 16").replace(
+        "steps = 2000", "steps = 2").replace("batch_size = 64", "batch_size = 2").replace(
+        "lengths = [512, 1024, 2048, 4096, 8192]", "lengths = [16, 32]").replace("65536", "64").replace(
+        'tokenizer = "bpe"', 'tokenizer = "bytes"').replace('dtype = "bfloat16"', 'dtype = "float32"')
+    text += '[axes]\nsize = [{model = {d_model = 16, n_layers = 1, n_heads = 2}}, {model = {d_model = 32, n_layers = 2, n_heads = 2}}]\n'
+    path = tmp_path / "scaling-gpu-tiny.toml"
+    path.write_text(text)
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--data", f"files:{corpus_dir}", "--schemes", "rope,alibi", "--seeds", "0",
+                 "--device", "cpu", "--no-speed", "--out", str(out)]) == 0
+    runs = results.read_rows(out / "runs.csv")
+    assert len(runs) == 4 and {r["d_model"] for r in runs} == {"16", "32"}
+    assert {r["corpus"] for r in runs} and all(r["status"] == "ok" for r in runs)
+    ext = results.read_rows(out / "extrapolation.csv")
+    assert {r["scaling"] for r in ext if r["scheme"] == "rope"} == {"none", "yarn"}

@@ -30,6 +30,9 @@ def run(
     speed: Annotated[bool, typer.Option("--speed/--no-speed", help="time the attention kernels too")] = True,
     seeds: Annotated[Optional[str], typer.Option(help="seeds instead of the task's, e.g. 0,1,2 or 0-3 (same run_ids)")] = None,
     schemes: Schemes = None,
+    data: Annotated[Optional[str], typer.Option(
+        help="the corpus instead of the task's: pystdlib | files:PATH_OR_GLOB | hf:NAME[:CONFIG] (its runs have "
+             "their own run_ids)")] = None,
     workers: Annotated[Optional[str], typer.Option(
         help="N | auto: the runs on N processes of this machine, each with its share of the cores or GPU memory "
              "(default: the task's, 1)")] = None,
@@ -66,6 +69,8 @@ def run(
                            ensemble=None if ensemble is None else config.check_ensemble(ensemble))
     if schemes is not None:
         t = config.only_schemes(t, names(schemes))
+    if data is not None:
+        t = dataclasses.replace(t, data=config.replace(t.data, spec=data))
     part = grid.parse_shard(shard)
     out_dir = Path(out or Path("runs") / t.name)
     done = pool.run_task(t, out_dir, part, resume, device, progress=progress, speed=speed,
