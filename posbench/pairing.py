@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 from posbench import results, stats
@@ -224,3 +225,76 @@ def paired_probes_table(rows: list[dict], a: str, b: str):
 
 def _p(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:.3g}"
+
+
+# --- seed-paired probe readings (`posbench table probes --pairs`) ------------------------------
+
+@dataclass
+class SeedPair:
+    """One row of the seed-paired table: its leading cells (A, B, probe, ratio), each common seed's
+    difference A - B in points, and whether that seed's two runs trained on one machine kind."""
+
+    cells: list[str]
+    diffs: dict[int, float]
+    same_kind: dict[int, bool]
+
+
+def seed_verdict(diffs: list[float], ci: stats.Interval, q: float) -> str:
+    """A seed-paired reading of A - B: holds (reversed) when the 95% interval over seeds lies above
+    (below) zero and the comparison survives Benjamini-Hochberg over its family (q at most
+    stats.FDR); at the edge when the interval is clear of zero and q is not, interval only when so
+    few seeds that no permutation p can reach stats.FDR (its least is 2 / 2^n); else every seed
+    (not the interval), one seed, or does not hold."""
+    if len(diffs) > 1 and (ci.lo > 0 or ci.hi < 0):
+        if q <= stats.FDR:
+            return "holds" if ci.lo > 0 else "reversed"
+        return "interval only" if len(diffs) <= stats.PERMUTATION_MAX and 2 / 2 ** len(diffs) > stats.FDR \
+            else "at the edge"
+    if diffs and all(d > 0 for d in diffs):
+        return "every seed, not the interval" if len(diffs) > 1 else "one seed"
+    return "does not hold"
+
+
+def _readings(samples: list[list[float]]) -> list[tuple[stats.Interval, float, float, str]]:
+    """Per sample of differences: its interval, p, q over the samples' family and verdict."""
+    cis = [stats.mean_interval(d) for d in samples]
+    ps = [stats.paired_p(d) for d in samples]
+    qs = stats.benjamini_hochberg(ps)
+    return [(ci, p, q, seed_verdict(d, ci, q)) for d, ci, p, q in zip(samples, cis, ps, qs)]
+
+
+def seed_pairs_table(pairs: list[SeedPair]) -> str:
+    """The markdown table of seed-paired rows and its key: per row the differences by seed, their
+    mean with its 95% t-interval, the paired p, its Benjamini-Hochberg q over the table's family,
+    the seeds favouring A, the pairs of one machine kind (and the verdict over those alone where it
+    differs) and the verdict."""
+    from posbench.reporting import markdown_table
+
+    full = _readings([list(r.diffs.values()) for r in pairs])
+    alone = _readings([[d for s, d in r.diffs.items() if r.same_kind[s]] for r in pairs])
+    body = []
+    for r, (ci, p, q, said), (_, _, _, said_alone) in zip(pairs, full, alone):
+        diffs, n = list(r.diffs.values()), len(r.diffs)
+        same = sum(r.same_kind.values())
+        kinds = f"{same} of {n}" + (f": {said_alone}" if 0 < same < n and said_alone != said else "")
+        interval = f"{ci.mean:+.0f} [{ci.lo:+.0f}, {ci.hi:+.0f}]" if n > 1 else f"{ci.mean:+.0f}"
+        by_seed = " / ".join(f"{d:+.1f}" if abs(d) < 0.5 else f"{d:+.0f}" for d in diffs)
+        body.append([*r.cells, str(n), kinds, by_seed, interval, _p3(p), _p3(q),
+                     f"{sum(d > 0 for d in diffs)} of {n}", said])
+    head = ["A", "B", "probe", "ratio", "seeds", "same kind", "A - B by seed", "mean [95%]", "permutation p",
+            "q (BH)", "seeds for A", "verdict"]
+    family = sum(not math.isnan(q) for _, _, q, _ in full)
+    past = any(len(r.diffs) > stats.PERMUTATION_MAX for r in pairs)
+    few = ("; interval only: the interval clear of zero with too few seeds for any permutation p to reach "
+           f"{stats.FDR:g} (its least is 2/2^n: 0.25 with 3 seeds)") if any(v == "interval only" for *_, v in full) else ""
+    key = (f"\n\nq (BH): the permutation p{' (past ' + str(stats.PERMUTATION_MAX) + ' seeds the t-test p)' if past else ''}"
+           f" adjusted by Benjamini-Hochberg over this table's family of {family} comparisons (its rows of two "
+           f"seeds or more); holds (reversed): the 95% interval above (below) zero and q at most "
+           f"{stats.FDR:g}; at the edge: the interval clear of zero, q above {stats.FDR:g}{few}. same kind: the seed "
+           "pairs whose two runs trained on one machine kind (runs.csv `machine`), and after a colon the "
+           "verdict over those pairs alone where it differs (their q over the table's same-kind comparisons).")
+    return markdown_table(head, body) + key
+
+
+def _p3(value: float) -> str:
+    return "" if math.isnan(value) else f"{value:.3f}"

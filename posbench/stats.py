@@ -255,3 +255,44 @@ def permutation_test(differences: Iterable[float]) -> float:
     for x in xs:  # every signed sum of the seeds so far, doubling with each seed
         totals = np.concatenate([totals + x, totals - x])
     return float(np.count_nonzero(np.abs(totals) >= observed)) / 2**n
+
+
+def t_test_p(differences: Iterable[float]) -> float:
+    """Two-sided p of the one-sample t-test that the mean difference is zero (NaN below two values
+    or without spread unless the mean is nonzero: then 0)."""
+    xs = _clean(differences)
+    n = len(xs)
+    if n < 2:
+        return math.nan
+    mean, sd = sum(xs) / n, std(xs)
+    if sd == 0:
+        return 1.0 if mean == 0 else 0.0
+    return max(0.0, 1.0 - t_central(abs(mean) / (sd / math.sqrt(n)), n - 1))
+
+
+def paired_p(differences: Iterable[float]) -> float:
+    """The p a seed-paired comparison is tested by: the exact permutation test up to
+    PERMUTATION_MAX seeds, the t-test's past it; NaN below two seeds."""
+    xs = _clean(differences)
+    if len(xs) < 2:
+        return math.nan
+    return permutation_test(xs) if len(xs) <= PERMUTATION_MAX else t_test_p(xs)
+
+
+FDR = 0.05  # the false discovery rate a family of seed-paired verdicts is held to
+
+
+def benjamini_hochberg(pvalues: Sequence[float]) -> list[float]:
+    """Benjamini-Hochberg adjusted p-values (q) of a family of tests, in the order given: the
+    family is every value that is not NaN (a NaN stays NaN). A test survives a false discovery
+    rate of F when its q is at most F: q of the i-th smallest of m p-values is
+    min over j >= i of p_(j) * m / j, at most 1 (Benjamini & Hochberg 1995)."""
+    ranked = sorted((p, k) for k, p in enumerate(pvalues) if not math.isnan(p))
+    m = len(ranked)
+    q = [math.nan] * len(pvalues)
+    running = 1.0
+    for i in range(m - 1, -1, -1):
+        p, k = ranked[i]
+        running = min(running, p * m / (i + 1))
+        q[k] = running
+    return q

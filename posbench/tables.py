@@ -273,7 +273,9 @@ def _seed_cell(per_seed: pd.DataFrame) -> tuple[float | None, str, float | None]
 
 
 def seeds_records(dirs: list[Path], ratios: tuple[int, ...], task: str | None = None) -> list[dict]:
-    """One record per probe and scheme variant: seeds scored, seeds learned, steps to the stop,
+    """One record per probe and scheme variant: seeds scored, seeds learned (the probe's gate: at
+    least the learned threshold on its prompts at the training length), runs stopped early (the
+    training's gate: held-out accuracy reached stop_accuracy before the last step), steps to the stop,
     and per ratio the mean over seeds (`means`) with its formatted cell (`cells`), the median and
     quartiles (`medians`: the typical seed) and, past 1x, the seeds holding the probe (`holding`:
     those keeping at least half their accuracy at the training length, with a Wilson interval)."""
@@ -289,15 +291,20 @@ def seeds_records(dirs: list[Path], ratios: tuple[int, ...], task: str | None = 
         for name in _scheme_order(sub["label"]):
             rows = sub[sub["label"] == name]
             first = rows[rows["ratio"] == 1]
-            steps = []
+            steps, missed = [], set(first.loc[first["status"] == "not learned", "run_id"])
+            stopped_missed = 0  # runs that met the early stop yet not the probe's gate
             for run_id in sorted(set(rows["run_id"])):
                 r = runs.get(run_id)
                 if r is not None:
                     stopped = r["stopped_at"] and int(r["stopped_at"]) < int(r["steps"])
                     steps.append((int(r["stopped_at"]) if stopped else int(r["steps"]), not stopped))
+                    stopped_missed += bool(stopped) and run_id in missed
             record = {"probe": probe, "scheme": name, "seeds": rows["seed"].nunique(),
                       "learned": first[first["status"] != "not learned"]["seed"].nunique(),
-                      "scored": first["seed"].nunique(), "steps": steps_cell(steps), "means": [], "cells": [],
+                      "scored": first["seed"].nunique(), "steps": steps_cell(steps),
+                      "stopped": (f"{sum(not spent for _, spent in steps)} of {len(steps)}"
+                                  + (f", {stopped_missed} not learned" if stopped_missed else "")) if steps else "",
+                      "means": [], "cells": [],
                       "medians": [], "holding": [], "widths": [], "spreads": []}
             at_one = seed_accuracy(first)["accuracy"].to_dict()
             for ratio in ratios:
@@ -332,9 +339,11 @@ def holding_cell(at_one: dict, at_ratio: dict) -> str:
 
 def seeds_table(records: list[dict], ratios: tuple[int, ...]) -> str:
     longer = [k for k, r in enumerate(ratios) if r > 1]
-    head = (["probe", "scheme", "seeds", "learned", "steps to stop"] + [f"{r}x mean [95%]" for r in ratios]
+    head = (["probe", "scheme", "seeds", "learned", "stopped early", "steps to stop"]
+            + [f"{r}x mean [95%]" for r in ratios]
             + [f"{r}x median (IQR)" for r in ratios] + [f"{ratios[k]}x holding" for k in longer])
-    body = [[r["probe"], r["scheme"], str(r["seeds"]), f"{r['learned']} of {r['scored']}", r["steps"], *r["cells"],
+    body = [[r["probe"], r["scheme"], str(r["seeds"]), f"{r['learned']} of {r['scored']}", r["stopped"], r["steps"],
+             *r["cells"],
              *r["medians"], *(r["holding"][k] for k in longer)] for r in records]
     return markdown_table(head, body) + width_line(records, ratios)
 
@@ -384,18 +393,6 @@ def compact_table(records: list[dict], schemes: list[str] | None = None) -> str:
     return markdown_table(["probe", *columns], body)
 
 
-def verdict(diffs: list[float], ci: stats.Interval) -> str:
-    """A seed-paired reading of A - B: holds, reversed, every seed (not the interval), or does not hold."""
-    favour = sum(d > 0 for d in diffs)
-    if len(diffs) > 1 and ci.lo > 0:
-        return "holds"
-    if len(diffs) > 1 and ci.hi < 0:
-        return "reversed"
-    if favour == len(diffs):
-        return "every seed, not the interval" if len(diffs) > 1 else "one seed"
-    return "does not hold"
-
-
 def _pair(text: str) -> tuple[str, str, str]:
     parts = text.split(":")
     if len(parts) != 3 or not all(parts):
@@ -405,34 +402,42 @@ def _pair(text: str) -> tuple[str, str, str]:
 
 def pairs_table(dirs: list[Path], pairs: list[str], ratios: tuple[int, ...], task: str | None = None) -> str:
     """Per pair A:B:PROBE and ratio, each seed's accuracy difference A - B in points (variants
-    pooled), their mean with its 95% t-interval over seeds, the exact paired permutation p (no
-    normality assumed), the seeds favouring A and a verdict (read from the t-interval)."""
+    pooled), read by pairing.seed_pairs_table: the mean with its 95% t-interval over seeds, the
+    exact paired permutation p and its Benjamini-Hochberg q over the table's rows, the seeds of
+    one machine kind (runs.csv `machine`) and a verdict."""
+    from posbench.pairing import SeedPair, seed_pairs_table
+
     parsed = [_pair(p) for p in pairs]
     df = scored_frame(dirs, task)
-    body = []
+    kind = run_kinds(dirs)
+    rows = []
     for a, b, probe in parsed:
         for name in (a, b):
             if not ((df["label"] == name) & (df["probe"] == probe)).any():
                 raise PosbenchError(f"no scored rows of {name} on {probe}")
         for ratio in ratios:
-            acc = {}
+            acc, kinds = {}, {}
             for name in (a, b):
                 at = df[(df["label"] == name) & (df["probe"] == probe) & (df["ratio"] == ratio)]
                 acc[name] = seed_accuracy(at)["accuracy"].to_dict()
+                kinds[name] = {s: {kind.get(r) for r in g["run_id"]} for s, g in at.groupby("seed")}
             seeds = sorted(set(acc[a]) & set(acc[b]))
-            if not seeds:
-                continue
-            diffs = [100 * (acc[a][k] - acc[b][k]) for k in seeds]
-            ci = stats.mean_interval(diffs)
-            interval = f"{ci.mean:+.0f} [{ci.lo:+.0f}, {ci.hi:+.0f}]" if len(seeds) > 1 else f"{ci.mean:+.0f}"
-            by_seed = " / ".join(f"{d:+.1f}" if abs(d) < 0.5 else f"{d:+.0f}" for d in diffs)
-            perm = stats.permutation_test(diffs)
-            body.append([a, b, probe, f"{ratio:g}x", str(len(seeds)), by_seed, interval,
-                         "" if math.isnan(perm) else f"{perm:.3f}",
-                         f"{sum(d > 0 for d in diffs)} of {len(seeds)}", verdict(diffs, ci)])
-    head = ["A", "B", "probe", "ratio", "seeds", "A - B by seed", "mean [95%]", "permutation p",
-            "seeds for A", "verdict"]
-    return markdown_table(head, body)
+            if seeds:
+                rows.append(SeedPair([a, b, probe, f"{ratio:g}x"], {k: 100 * (acc[a][k] - acc[b][k]) for k in seeds},
+                                     {k: len(kinds[a][k]) == 1 and kinds[a][k] == kinds[b][k] != {None}
+                                      for k in seeds}))
+    return seed_pairs_table(rows)
+
+
+def run_kinds(dirs: list[Path]) -> dict[str, str]:
+    """run_id -> the machine kind it trained on (runs.csv `machine`; a run in several folders: the
+    first's); runs without a recorded kind are left out."""
+    kinds: dict[str, str] = {}
+    for out in dirs:
+        for r in results.read_rows(results.table_path(out, "runs")):
+            if r["status"] == "ok" and r.get("machine"):
+                kinds.setdefault(r["run_id"], r["machine"])
+    return kinds
 
 
 def curves_table(out: Path, probes: list[str], every: int) -> str:

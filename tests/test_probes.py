@@ -773,6 +773,7 @@ def test_probes_table_over_seeds_reads_folders_as_one(tmp_path):
     assert width.startswith("Median width of the 95% intervals over seeds, in points: 1x ")
     cells = dict(zip((c.strip() for c in header.strip("|").split("|")), (c.strip() for c in row.strip("|").split("|"))))
     assert cells["seeds"] == "3" and cells["learned"] == "2 of 3"
+    assert cells["stopped early"] == "2 of 3"  # seed 1 spent its steps (and did not learn: no disagreement)
     assert cells["steps to stop"] == "1,000 (400-8,000+)"  # seed 1 spent its 8,000 steps
     at1 = stats.mean_interval([0.97, 0.60, 0.95])
     assert cells["1x mean [95%]"] == f"{100 * at1.mean:.0f} [{100 * max(at1.lo, 0):.0f}, {100 * min(at1.hi, 1):.0f}]"
@@ -800,11 +801,14 @@ def test_probes_table_over_seeds_reads_folders_as_one(tmp_path):
         table("probes", every, seeds=True, schemes="fire")
     with pytest.raises(PosbenchError, match="give seeds too"):
         table("probes", every, schemes="rope")
-    row = table("probes", folders, pairs="rope:none:copy", ratios="2").splitlines()[-1]
+    *_, row, _, key = table("probes", folders, pairs="rope:none:copy", ratios="2").splitlines()
     gap = stats.mean_interval([20, 10, 30])  # rope's 30, 20, 40 against none's 10 in each seed
-    # the permutation p: 2 of the 8 sign flips of the seeds' differences reach |+60|
-    assert f"| rope | none | copy | 2x | 3 | +20 / +10 / +30 | +20 [{gap.lo:+.0f}, {gap.hi:+.0f}] | 0.250 | 3 of 3 |" in row
+    # the permutation p: 2 of the 8 sign flips of the seeds' differences reach |+60|; one comparison:
+    # q = p; no machine kind recorded: no pair shares one
+    assert (f"| rope | none | copy | 2x | 3 | 0 of 3 | +20 / +10 / +30 | +20 [{gap.lo:+.0f}, {gap.hi:+.0f}] "
+            "| 0.250 | 0.250 | 3 of 3 |") in row
     assert row.endswith("| every seed, not the interval |")  # 3 seeds: t(2) makes it [-5, +45]
+    assert key.startswith("q (BH): the permutation p adjusted by Benjamini-Hochberg over this table's family of 1 ")
     with pytest.raises(PosbenchError, match="bad pair 'rope-none-copy': expected A:B:PROBE"):
         table("probes", folders, pairs="rope-none-copy")
 

@@ -132,3 +132,23 @@ def test_seeds_for_a_width_project_each_cell_by_t_over_root_n():
     # the median cell decides: two narrow cells outvote a wide one; never fewer seeds than a cell has
     assert stats.seeds_for_width([(0.5, 0.2, 3), (0.5, 0.01, 10), (0.5, 0.01, 10)], 0.15) == 10
     assert stats.seeds_for_width([(0.5, 0.5, 3)], 0.01) is None and stats.seeds_for_width([], 0.15) is None
+
+
+def test_benjamini_hochberg_by_hand():
+    # m = 4 (the NaN is no test): sorted 0.005, 0.01, 0.03, 0.04 times 4/1, 4/2, 4/3, 4/4 give
+    # 0.02, 0.02, 0.04, 0.04, already non-decreasing; back in the order given
+    q = stats.benjamini_hochberg([0.01, 0.04, 0.03, 0.005, math.nan])
+    assert q[:4] == pytest.approx([0.02, 0.04, 0.04, 0.02]) and math.isnan(q[4])
+    # the step-up: 0.02 * 3/1 = 0.06 is lowered to the next rank's 0.021 * 3/2 = 0.0315
+    assert stats.benjamini_hochberg([0.02, 0.021, 0.5]) == pytest.approx([0.0315, 0.0315, 0.5])
+    assert stats.benjamini_hochberg([0.9, 0.8]) == pytest.approx([0.9, 0.9])  # never above the largest p
+    assert stats.benjamini_hochberg([]) == []
+
+
+def test_a_paired_p_is_the_permutation_p_then_the_t_tests():
+    assert stats.paired_p([1, 2, 3]) == pytest.approx(0.25) and math.isnan(stats.paired_p([4.0]))
+    # past 20 seeds the t-test's: 21 differences of mean 1 and sd 1 have t = sqrt(21) = 4.58, 20 df
+    d = [1.0 + (1 if k % 2 else -1) for k in range(20)] + [1.0]  # squares sum to 20 over 20 df
+    assert stats.std(d) == pytest.approx(1.0, abs=1e-9)
+    assert stats.paired_p(d) == pytest.approx(1 - stats.t_central(math.sqrt(21), 20))
+    assert stats.paired_p(d) < 0.001 and stats.t_test_p([2.0, 2.0]) == 0.0 and stats.t_test_p([0.0, 0.0]) == 1.0

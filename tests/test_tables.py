@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from posbench import reporting, results, tables
+from posbench import reporting, results, stats, tables
 from posbench.errors import PosbenchError
 from posbench.tables import table
 
@@ -267,3 +267,65 @@ def test_bad_options_and_folders_are_one_line(call, matches):
 @pytest.mark.parametrize("name", sorted(tables.TABLES))
 def test_an_empty_folder_is_one_line(name, tmp_path):
     one_line(lambda: table(name, tmp_path), str(tmp_path))
+
+
+# ---- seed-paired verdicts: Benjamini-Hochberg, machine kinds, the two gates for "learned" ---------
+
+def pair_rows(text: str) -> dict[tuple[str, ...], dict[str, str]]:
+    """(A, B, probe, ratio) -> the row's cells by column, of a seed-paired table."""
+    lines = markdown_tables(text)[0].splitlines()
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = [dict(zip(head, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
+    return {(r["A"], r["B"], r["probe"], r["ratio"]): r for r in rows}
+
+
+def test_a_nominal_verdict_that_fails_benjamini_hochberg_is_at_the_edge():
+    from posbench.pairing import SeedPair, seed_pairs_table
+
+    lead = [12, 30, -5, 8, 1, 22, 15, -2, 40, 9]  # interval [+3, +23]; exact permutation p 0.0137
+    p = stats.permutation_test(lead)
+    assert stats.mean_interval(lead).lo > 0 and p < 0.05
+    same = dict.fromkeys(range(10), True)
+    alone = seed_pairs_table([SeedPair(["a", "b", "x", "2x"], dict(enumerate(lead)), same)])
+    assert pair_rows(alone)[("a", "b", "x", "2x")]["verdict"] == "holds"  # a family of one: q = p
+    nulls = [SeedPair(["a", "b", "x", f"{k}x"], dict(enumerate([1, -1] * 5)), same) for k in range(3, 7)]
+    family = seed_pairs_table([SeedPair(["a", "b", "x", "2x"], dict(enumerate(lead)), same), *nulls])
+    row = pair_rows(family)[("a", "b", "x", "2x")]
+    assert row["q (BH)"] == f"{5 * p:.3f}" and row["verdict"] == "at the edge"  # q = 0.068: five tests
+    assert "family of 5 comparisons" in family and "at the edge: the interval clear of zero" in family
+    # three seeds: no permutation p is below 0.25, so a clear interval is read as the interval only
+    three = seed_pairs_table([SeedPair(["a", "b", "x", "2x"], {0: 50, 1: 52, 2: 48}, dict.fromkeys(range(3), True))])
+    assert pair_rows(three)[("a", "b", "x", "2x")]["verdict"] == "interval only" and "2/2^n" in three
+
+
+def test_a_verdict_that_rests_on_cross_kind_pairs_says_so():
+    from posbench.pairing import SeedPair, seed_pairs_table
+
+    diffs = {s: (30 + s if s < 8 else (-1) ** s * 2) for s in range(16)}  # the lead in seeds 0-7 alone
+    kinds = {s: s >= 8 for s in range(16)}  # seeds 0-7 compare runs of two machine kinds
+    row = pair_rows(seed_pairs_table([SeedPair(["a", "b", "x", "2x"], diffs, kinds)]))[("a", "b", "x", "2x")]
+    assert row["verdict"] == "holds" and row["same kind"] == "8 of 16: does not hold"
+    same = pair_rows(seed_pairs_table([SeedPair(["a", "b", "x", "2x"], diffs, dict.fromkeys(range(16), True))]))
+    assert same[("a", "b", "x", "2x")]["same kind"] == "16 of 16"
+
+
+def test_committed_pairs_read_benjamini_hochberg_and_machine_kinds():
+    rows = pair_rows(table("probes", RESULTS / "probes/seeds", task="probe-seeds", ratios="2,4,8", pairs=SEED_PAIRS))
+    # fox over rope on passkey at 2x: its interval [+0, +50] clears zero (it read "holds"), p 0.051
+    fox = rows[("fox", "rope", "passkey", "2x")]
+    assert fox["mean [95%]"] == "+25 [+0, +50]" and fox["verdict"] == "at the edge"
+    assert fox["same kind"] == "9 of 16: does not hold"  # 7 of its 16 pairs are runs of two kinds
+    for row in rows.values():  # every verdict the table prints survives its q
+        assert row["verdict"] not in ("holds", "reversed") or float(row["q (BH)"]) <= 0.05
+
+
+def test_the_table_over_seeds_shows_both_gates_for_learned():
+    text = table("probes", RESULTS / "probes/seeds", seeds=True, task="probe-seeds")
+    lines = markdown_tables(text)[0].splitlines()
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {(r["probe"], r["scheme"]): r for r in
+            (dict(zip(head, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:])}
+    # rope's two passkey misses both met the early stop (95% held-out) and not the probe's 90%
+    assert rows[("passkey", "rope")]["learned"] == "14 of 16"
+    assert rows[("passkey", "rope")]["stopped early"] == "16 of 16, 2 not learned"
+    assert rows[("passkey", "none")]["stopped early"] == "16 of 16"
