@@ -19,7 +19,7 @@ plain run, whose windows read 0..L-1). A bucket of positions.csv is then an inde
 the window, whatever positions the draws gave those indices.
 
 Every row carries `loss_se`, the standard error of its mean loss over windows, and `ppl_lo`,
-`ppl_hi`, the 95% interval exp(loss -+ t * loss_se). Windows score equal numbers of tokens, so the
+`ppl_hi`, the 95% interval exp(loss -+ t * loss_se), its lower end at least 1 (a loss of 0). Windows score equal numbers of tokens, so the
 mean loss is the mean of window losses. Nonoverlapping windows share no context and count as
 independent; sliding windows overlap by L - S tokens, so each block of ceil(L / S) consecutive
 windows, whose contexts chain into each other, is one observation (batch means,
@@ -464,12 +464,14 @@ def record_attention(model, stream: torch.Tensor, length: int, cfg: EvalConfig, 
 
 
 def loss_interval(loss: float, window_loss: list[float], block: int) -> dict:
-    """loss_se and the perplexity interval of a row, from its windows' losses."""
+    """loss_se and the perplexity interval of a row, from its windows' losses: exp of the loss's
+    interval, whose lower end stops at a loss of 0 (perplexity 1), below which no mean
+    cross-entropy lies (a few windows far apart give a t-interval that reaches past it)."""
     se, blocks = stats.batch_se(window_loss, block)
     if blocks < 2:
         return {"loss_se": math.nan, "ppl_lo": math.nan, "ppl_hi": math.nan}
     lo, hi = stats.interval_from_se(loss, se, blocks - 1)
-    return {"loss_se": se, "ppl_lo": math.exp(lo), "ppl_hi": math.exp(hi)}
+    return {"loss_se": se, "ppl_lo": math.exp(max(lo, 0.0)), "ppl_hi": math.exp(hi)}
 
 
 def window_rows(row: dict, starts: torch.Tensor, window_loss: torch.Tensor) -> list[dict]:

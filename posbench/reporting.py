@@ -168,8 +168,8 @@ def ppl_interval(g: pd.DataFrame) -> tuple[float, float, float]:
     if iv.n > 1:
         return iv.mean, iv.lo, iv.hi
     row = g.dropna(subset=["ppl"]).iloc[0]
-    bounds = [pd.to_numeric(row.get(k, math.nan), errors="coerce") for k in ("ppl_lo", "ppl_hi")]
-    return (iv.mean, *(float(b) for b in bounds))
+    lo, hi = (float(pd.to_numeric(row.get(k, math.nan), errors="coerce")) for k in ("ppl_lo", "ppl_hi"))
+    return iv.mean, lo if math.isnan(lo) else max(lo, 1.0), hi  # no perplexity is below 1 (older rows' bounds were)
 
 
 ACCURACY_NOTE = SEED_NOTE.format(within="(Wilson 95% interval over its answers)")

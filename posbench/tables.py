@@ -718,7 +718,9 @@ def pretrained_perplexity(directory: Path, model: str | None = None) -> str:
                 continue
             shared = " *" if r["reason"].startswith(results.SHARED) else ""  # not DPE's note of its scales
             windows = int(r["tokens"]) // n
-            ci = f" [{float(r['ppl_lo']):.2f}, {float(r['ppl_hi']):.2f}]" if r["ppl_lo"] not in ("", "nan") else ""
+            # rows written before the lower end stopped at perplexity 1 (a loss of 0) read so here too
+            ci = (f" [{max(float(r['ppl_lo']), 1.0):.2f}, {float(r['ppl_hi']):.2f}]"
+                  if r["ppl_lo"] not in ("", "nan") else "")
             line.append(f"{float(r['ppl']):.2f}{ci} ({windows} w){shared}")
         body.append(line)
     return markdown_table(["policy", *(f"{n} ({int(n) // 1024}k)" for n in lengths)], body)

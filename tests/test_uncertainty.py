@@ -265,3 +265,17 @@ def test_each_committed_effective_length_is_what_its_rows_give(folder):
 
     assert keyed(results.read_rows(d / "effective_length.csv")) == keyed(made), f"run `posbench report results/{folder}`"
 
+
+
+def test_a_perplexity_interval_never_reaches_below_1():
+    from posbench.evaluate import loss_interval
+    from posbench.tables import table
+
+    # three windows far apart: mean loss 1.0, t(2) * se = 4.303 * 0.9 / sqrt(3) = 2.24 reaches past 0
+    row = loss_interval(1.0, [0.1, 1.0, 1.9], 1)
+    assert row["ppl_lo"] == 1.0 and row["ppl_hi"] > math.e
+    tight = loss_interval(1.0, [0.99, 1.0, 1.01], 1)
+    assert math.e ** 0.9 < tight["ppl_lo"] < math.e  # a bound above 0 keeps its value
+    # the committed key-token rows were written with bounds below 1: the table reads them at 1
+    text = table("pretrained", RESULTS / "pretrained/key-tokens")
+    assert "| yarn | 4.09 [1.00, 25.79] (3 w) |" in text and "[0.6" not in text
