@@ -158,7 +158,7 @@ def paired_probes(directory: Path | str, a: str, b: str, probe: str | None = Non
         if len(seeds) >= 2:
             iv = stats.mean_interval(diffs)
             sign_p, for_a, for_b = stats.sign_test(diffs)
-            perm_p = stats.permutation_test(diffs)
+            perm_p = stats.paired_p(diffs)
         else:
             iv = _newcombe(sa[cell][seeds[0]][1:], sb[cell][seeds[0]][1:])
             sign_p, for_a, for_b, perm_p = math.nan, int(diffs[0] > 0), int(diffs[0] < 0), math.nan
@@ -170,6 +170,11 @@ def paired_probes(directory: Path | str, a: str, b: str, probe: str | None = Non
     if not out:
         wanted = f" at {', '.join(map(str, lengths))}" if lengths else ""
         raise PosbenchError(f"{a} and {b} share no scored probe cells with a common seed{wanted} in {path}")
+    for r, q in zip(out, stats.benjamini_hochberg([r["perm_p"] for r in out])):
+        r["q"] = q
+        said = clear_verdict(stats.Interval(r["diff"], r["lo"], r["hi"], r["seeds"], math.nan), r["seeds"], q)
+        if said in ("at the edge", "interval only"):  # the interval alone would name a better one
+            r["verdict"] = said
     return out
 
 
@@ -212,14 +217,18 @@ def paired_probes_table(rows: list[dict], a: str, b: str):
                           "where 2 or more, else Newcombe's for two proportions (evaluation noise only); "
                           "A > B: seeds favouring A of those that differ; sign p, permutation p: exact "
                           f"two-sided tests over seeds, no normality assumed (permutation: up to "
-                          f"{stats.PERMUTATION_MAX} seeds)")
+                          f"{stats.PERMUTATION_MAX} seeds, the t-test's past); q (BH): the permutation p "
+                          "adjusted by Benjamini-Hochberg over the rows shown; with two or more seeds a "
+                          f"verdict needs q at most {stats.FDR:g} (else at the edge, or interval only where "
+                          "too few seeds can reach it)")
     for col in ("probe", "length", "variant", "seeds", "A", "B", "A - B", "95% interval", "verdict", "A > B",
-                "sign p", "permutation p"):
+                "sign p", "permutation p", "q (BH)"):
         table.add_column(col, justify="left" if col in ("probe", "variant", "verdict") else "right")
     for r in rows:
         table.add_row(r["probe"], str(r["eval_len"]), r["variant"] or "-", str(r["seeds"]), f"{r['a']:.1%}",
                       f"{r['b']:.1%}", f"{100 * r['diff']:+.1f}", f"[{100 * r['lo']:+.1f}, {100 * r['hi']:+.1f}]",
-                      r["verdict"], f"{r['for_a']} of {r['for_a'] + r['for_b']}", _p(r["sign_p"]), _p(r["perm_p"]))
+                      r["verdict"], f"{r['for_a']} of {r['for_a'] + r['for_b']}", _p(r["sign_p"]), _p(r["perm_p"]),
+                      _p(r["q"]))
     return table
 
 
@@ -245,14 +254,23 @@ def seed_verdict(diffs: list[float], ci: stats.Interval, q: float) -> str:
     stats.FDR); at the edge when the interval is clear of zero and q is not, interval only when so
     few seeds that no permutation p can reach stats.FDR (its least is 2 / 2^n); else every seed
     (not the interval), one seed, or does not hold."""
-    if len(diffs) > 1 and (ci.lo > 0 or ci.hi < 0):
-        if q <= stats.FDR:
-            return "holds" if ci.lo > 0 else "reversed"
-        return "interval only" if len(diffs) <= stats.PERMUTATION_MAX and 2 / 2 ** len(diffs) > stats.FDR \
-            else "at the edge"
+    said = clear_verdict(ci, len(diffs), q)
+    if said is not None:
+        return said
     if diffs and all(d > 0 for d in diffs):
         return "every seed, not the interval" if len(diffs) > 1 else "one seed"
     return "does not hold"
+
+
+def clear_verdict(ci: stats.Interval, seeds: int, q: float) -> str | None:
+    """The reading of an interval over two or more seeds that clears zero (None otherwise): holds
+    (reversed) above (below) zero with q at most stats.FDR; else interval only where no permutation
+    p of so few seeds reaches stats.FDR (its least is 2 / 2^n), at the edge where one could."""
+    if seeds < 2 or not (ci.lo > 0 or ci.hi < 0):
+        return None
+    if q <= stats.FDR:
+        return "holds" if ci.lo > 0 else "reversed"
+    return "interval only" if seeds <= stats.PERMUTATION_MAX and 2 / 2 ** seeds > stats.FDR else "at the edge"
 
 
 def _readings(samples: list[list[float]]) -> list[tuple[stats.Interval, float, float, str]]:
