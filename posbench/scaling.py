@@ -161,20 +161,6 @@ def t_test_p(values: list[float]) -> float:
     return 1 - stats.t_central(abs(iv.mean) / iv.se, iv.n - 1)
 
 
-def benjamini_hochberg(ps: list[float]) -> list[float]:
-    """Benjamini-Hochberg adjusted p-values (q) of a family, in the order given (NaN stays NaN and
-    is not counted in the family)."""
-    ranked = sorted((p, i) for i, p in enumerate(ps) if not math.isnan(p))
-    m = len(ranked)
-    out = [math.nan] * len(ps)
-    running = 1.0
-    for rank in range(m, 0, -1):
-        p, i = ranked[rank - 1]
-        running = min(running, p * m / rank)
-        out[i] = running
-    return out
-
-
 def pair_records(by_size: list[dict], by_budget: list[dict]) -> list[dict]:
     """Every scheme against the reference at each size and budget and ratio: the seed-paired
     difference of log perplexity (A - reference) over the seeds both learned."""
@@ -196,12 +182,12 @@ def pair_records(by_size: list[dict], by_budget: list[dict]) -> list[dict]:
                     if diffs:
                         out.append({"series": key, "level": level, "label": name, "ratio": k, "diffs": diffs,
                                     "p": t_test_p(diffs)})
-    for record, q in zip(out, benjamini_hochberg([r["p"] for r in out])):
+    for record, q in zip(out, stats.benjamini_hochberg([r["p"] for r in out])):
         record["q"] = q
     return out
 
 
-def verdict(record: dict, alpha: float = 0.05) -> str:
+def verdict(record: dict, alpha: float = stats.FDR) -> str:
     iv = stats.mean_interval(record["diffs"])
     if iv.n < 2:
         return "too few seeds"

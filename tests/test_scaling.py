@@ -54,13 +54,6 @@ def test_slopes_recover_the_made_dependence(tmp_path):
     assert "-0.050 [" in text
 
 
-def test_benjamini_hochberg_by_hand():
-    ps = [0.01, 0.04, 0.03, 0.20, math.nan]
-    # sorted 0.01, 0.03, 0.04, 0.20 (m = 4): 0.04, 0.06, 0.0533, 0.20 -> step-up minima
-    assert scaling.benjamini_hochberg(ps)[:4] == pytest.approx([0.04, 0.0533333, 0.0533333, 0.20])
-    assert math.isnan(scaling.benjamini_hochberg(ps)[4])
-
-
 def test_verdicts_and_ordering_at_every_size(tmp_path):
     write(tmp_path)
     by_size, by_budget = scaling.series(scaling.cells(tmp_path))
