@@ -1,5 +1,6 @@
-"""The `posbench` command (and `python -m posbench`). Importing the CLI imports torch, which takes
-a second or more: a Ctrl-C then ends with one line, as it does once the command runs. Once the
+"""The `posbench` command (and `python -m posbench`). Importing the CLI imports no torch (help
+answers at once; torch loads when a command computes), yet pandas and typer take a moment: a Ctrl-C
+then ends with one line, as it does once the command runs. Once the
 command has said its last line, a Ctrl-C while the interpreter shuts down (threads joined,
 buffers flushed) changes nothing: the exit status is the command's, and no traceback follows."""
 

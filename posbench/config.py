@@ -20,10 +20,9 @@ from posbench import plugins
 from posbench.data import DataConfig
 from posbench.effective import LEARNED, SHARE, THRESHOLD, TOLERANCE
 from posbench.errors import PosbenchError, did_you_mean
-from posbench.model import ModelConfig
 from posbench.knobs import check_fields, knob
-from posbench.schemes.base import MAX_INT, Range, at_least, between, non_negative, one_of, positive
-from posbench.schemes.rotary import SCALINGS
+from posbench.policies import SCALINGS
+from posbench.ranges import MAX_INT, Range, at_least, between, non_negative, one_of, positive
 
 TASK_VERSION = 1
 EVAL_MODES = ("nonoverlap", "sliding")
@@ -40,6 +39,19 @@ LENGTH = at_least(2) & Range(f"<= {MAX_LENGTH}", lambda v: v <= MAX_LENGTH)
 
 def _scaling_factor(v) -> bool:
     return v == 0 or v >= 1
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 0  # filled from the tokenizer
+    d_model: int = knob(128, "model width", positive, flag=True)
+    n_layers: int = knob(4, "transformer blocks", positive, flag="layers")
+    n_heads: int = knob(4, "attention heads per block", positive, flag="heads")
+    mlp_ratio: int = knob(4, "MLP width as a multiple of d_model", positive)
+
+    def check(self) -> None:
+        if self.d_model % self.n_heads:
+            raise PosbenchError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
 
 
 @dataclass(frozen=True)

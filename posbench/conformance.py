@@ -35,8 +35,9 @@ import torch
 from safetensors.torch import load, save
 
 from posbench import attention, catalogue, layout, plugins
+from posbench.config import ModelConfig
 from posbench.errors import PosbenchError, first_line
-from posbench.model import ModelConfig, Transformer
+from posbench.model import Transformer
 from posbench.schemes import Dims, PositionLimitError
 
 T = 16  # the training length of the checks

@@ -26,14 +26,17 @@ import sysconfig
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from posbench.errors import PosbenchError, first_line, naming
 from posbench.knobs import knob
 from posbench.probes import PROBES, TOKENIZER, parse_probe, probe_name
 from posbench.probes.symbols import SYMBOLS
+
+if TYPE_CHECKING:
+    import torch
 
 SPLITS = ("train", "valid", "test")
 EOS = "<|endoftext|>"
@@ -382,6 +385,8 @@ def load_tokens(cfg: DataConfig) -> TokenData:
     if not (where / "meta.json").exists():
         build_cache(corpus, cfg, where)
     meta = json.loads((where / "meta.json").read_text())
+    import torch  # here, not at import: the command line builds its options without it
+
     arrays = {s: torch.from_numpy(np.load(where / f"{s}.npy").astype(np.int64)) for s in SPLITS}
     return TokenData(**arrays, vocab_size=meta["vocab_size"], fingerprint=corpus.fingerprint, tokenizer=label)
 
@@ -417,6 +422,8 @@ def build_cache(corpus: Corpus, cfg: DataConfig, where: Path) -> None:
 
 def unigram_loss(train: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> float:
     """Cross-entropy (nats) on `valid` of a unigram model fit on `train` (add-one smoothing)."""
+    import torch
+
     counts = torch.bincount(train, minlength=vocab_size).double() + 1
     logp = (counts / counts.sum()).log()
     return float(-logp[valid].mean())

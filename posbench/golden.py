@@ -28,10 +28,9 @@ from typing import Any
 import torch
 
 from posbench import machine, results
-from posbench.config import TrainConfig
+from posbench.config import ModelConfig, TrainConfig
 from posbench.data import DataConfig
 from posbench.errors import PosbenchError
-from posbench.model import ModelConfig
 from posbench.runs import RunSpec, read_log
 from posbench.training import train
 

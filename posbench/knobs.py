@@ -4,7 +4,7 @@ the Python API's keyword and the line in posbench/docs/commands.md.
 
     yarn_alpha: float = knob(1.0, "YaRN alpha (beta_slow)", positive)
 
-Ranges are the scheme parameters' (posbench.schemes.base: positive, at_least(2), between(0, 1),
+Ranges are the scheme parameters' (posbench.ranges: positive, at_least(2), between(0, 1),
 one_of(...)); a tuple's range holds for each item. Checks across fields live beside their
 dataclass, in its `check()` method.
 """
@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any
 
 from posbench.errors import PosbenchError, did_you_mean
-from posbench.schemes.base import Range, check_number
+from posbench.ranges import Range, check_number
 
 FLAG = "flag"  # metadata key: the field is a command-line flag of the commands that take its config
 

@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-import torch
-
 # The /proc/cpuinfo flags that choose kernels (x86: SSE4.2 up to AMX; Arm: NEON, SVE).
 VECTOR_FLAGS = ("sse4_2", "avx", "fma", "avx2", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
                 "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16", "asimd", "sve", "sve2")
@@ -63,6 +61,8 @@ class Machine:
 
 def current(device: str = "cpu") -> Machine:
     """The machine this process computes on now (threads as set at this moment)."""
+    import torch
+
     if device == "cuda" and torch.cuda.is_available():
         index = torch.cuda.current_device()
         major, minor = torch.cuda.get_device_capability(index)
@@ -97,6 +97,8 @@ def _cpu() -> tuple[str, tuple[str, ...]]:
 @functools.cache
 def _blas() -> str:
     """e.g. `blas mkl 2024.2, onednn 3.12.0`, from the build torch reports."""
+    import torch
+
     config = torch.__config__.show()
     blas = re.search(r"BLAS_INFO=(\w+)", config)
     parts = [f"blas {blas[1] if blas else 'unknown'}"]

@@ -11,30 +11,14 @@ The head is untied: the input table is where absolute schemes add their vectors,
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from posbench import attention
-from posbench.errors import PosbenchError
-from posbench.knobs import knob
+from posbench.config import ModelConfig
 from posbench.layout import LayerPlan, ModelLayout
-from posbench.schemes.base import positive
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab_size: int = 0  # filled from the tokenizer
-    d_model: int = knob(128, "model width", positive, flag=True)
-    n_layers: int = knob(4, "transformer blocks", positive, flag="layers")
-    n_heads: int = knob(4, "attention heads per block", positive, flag="heads")
-    mlp_ratio: int = knob(4, "MLP width as a multiple of d_model", positive)
-
-    def check(self) -> None:
-        if self.d_model % self.n_heads:
-            raise PosbenchError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
 
 
 class Attention(nn.Module):

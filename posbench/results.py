@@ -22,8 +22,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
-import torch
-
 import posbench
 from posbench import machine
 from posbench.errors import PosbenchError, naming
@@ -447,6 +445,8 @@ def stamp() -> str:
 
 
 def provenance(device: str, dtype: str, corpus: str = "") -> dict[str, str]:
+    import torch
+
     return {
         "device": device,
         "dtype": dtype,

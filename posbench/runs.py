@@ -14,11 +14,11 @@ from typing import Any
 import torch
 
 from posbench import layout, plugins, results
-from posbench.config import TrainConfig, build, stable_hash
+from posbench.config import ModelConfig, TrainConfig, build, stable_hash
 from posbench.data import DataConfig, check_probe_corpus, is_probe
 from posbench.errors import PosbenchError
 from posbench.extension import Extension
-from posbench.model import ModelConfig, Transformer
+from posbench.model import Transformer
 from posbench.positions import check_float_positions, floats, randomized
 from posbench.probes import PROBES, probe_name
 from posbench.schemes import Dims, get_scheme

@@ -64,9 +64,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from posbench import layout, results
-from posbench.config import COMPILE, DTYPES, check_lengths, parse_int_list, parse_list
+from posbench.config import COMPILE, DTYPES, ModelConfig, check_lengths, parse_int_list, parse_list
 from posbench.errors import PosbenchError, did_you_mean
-from posbench.model import Attention, ModelConfig, reserve_positions
+from posbench.model import Attention, reserve_positions
 from posbench.schemes import SCHEMES, Dims
 from posbench.device import TrainingForward, autocast, resolve_device
 

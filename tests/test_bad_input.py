@@ -401,15 +401,20 @@ def test_train_len_longer_than_the_training_split(trained, capsys, tmp_path):
 
 # --- Ctrl-C ---------------------------------------------------------------------------------
 
-def test_ctrl_c_while_torch_imports(tmp_path):
-    """No traceback: one line and exit code 130, as once the command runs."""
+@pytest.mark.parametrize("module, said", [
+    ("typer", "interrupted: while starting; nothing was read or written"),  # the command line itself
+    ("torch", "interrupted: stopped before the command finished; what it had written is kept"),  # a command
+])
+def test_ctrl_c_while_importing(module, said):
+    """No traceback: one line and exit code 130, while the command line starts as once the command
+    runs (torch loads then, when a command computes)."""
     import subprocess
     import sys
 
     stop = ("import sys\n"
             "class Stop:\n"
             "    def find_spec(self, name, path=None, target=None):\n"
-            "        if name == 'torch':\n"
+            f"        if name == {module!r}:\n"
             "            raise KeyboardInterrupt\n"
             "sys.meta_path.insert(0, Stop())\n"
             "from posbench.__main__ import main\n"
@@ -417,7 +422,7 @@ def test_ctrl_c_while_torch_imports(tmp_path):
     proc = subprocess.run([sys.executable, "-c", stop, "schemes"], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 130, proc.stderr
-    assert proc.stderr.strip() == "interrupted: while starting; nothing was read or written"
+    assert proc.stderr.strip() == said
 
 
 def test_ctrl_c_before_the_first_step(trained, capsys, tmp_path, monkeypatch):

@@ -36,6 +36,22 @@ def test_bad_input_one_line_no_traceback(args, message):
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+def test_help_imports_no_torch():
+    """`posbench --help` and every command's --help answer without importing torch (it loads when a
+    command computes): asserted in a fresh interpreter, which imports the command line and renders
+    every help page."""
+    code = ("import contextlib, io, sys\n"
+            "from posbench import cli, commands\n"
+            "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+            "    codes = [cli.main(['--help'])] + [cli.main([name, '--help']) for name in commands.NAMES]\n"
+            "assert set(codes) == {0}, codes\n"
+            "assert out.getvalue().count('Usage:') == len(commands.NAMES) + 1\n"
+            "print(sorted(m for m in sys.modules if m.partition('.')[0] == 'torch')[:5])\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", f"torch imported by --help: {proc.stdout}"
+
+
 def test_schemes_formats(capsys):
     assert main(["schemes", "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)

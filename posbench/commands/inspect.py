@@ -7,7 +7,7 @@ import pandas as pd
 import typer
 from rich.markup import escape
 
-from posbench import config, layout
+from posbench import config
 from posbench.commands import console, failed, plain
 from posbench.commands import frame as to_frame
 from posbench.commands.options import RUNS_DIR, Device, Task, ints, load_plugins, names, scheme_names
@@ -42,7 +42,7 @@ def inspect(
     (entropy, distance, sink and far mass in attention.csv); inspect.md links them.
 
     One row per picture (scheme, kind, caption, path); `attrs["pictures"]` holds the arrays drawn."""
-    from posbench import evaluate, inspection
+    from posbench import evaluate, inspection, layout
 
     load_plugins(plugins)
     t = config.load_task(task)

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Callable, Iterable, List, Optional, Sequence
 
 import typer
 
-from posbench import config, layout, plugins
+from posbench import config, plugins
 from posbench.errors import PosbenchError, did_you_mean
 from posbench.knobs import FLAG
 
@@ -140,6 +140,8 @@ def names(value: str | Iterable[str] | None) -> tuple[str, ...] | None:
 
 def scheme_names(value: str | Iterable[str] | None) -> tuple[str, ...] | None:
     """Scheme selection, each checked: schemes, presets and layout specs, as their runs record them."""
+    from posbench import layout  # the schemes, with torch: when a command runs, not when the line is built
+
     found = names(value)
     return tuple(layout.recorded(n) for n in found) if found else found
 

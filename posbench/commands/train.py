@@ -8,19 +8,18 @@ from typing import Annotated, Optional, Sequence
 import pandas as pd
 import typer
 
-from posbench import config, layout
+from posbench import config
 from posbench.commands import frame, plain, say
 from posbench.commands.options import Device, Param, Resume, RunsDir, Task, load_plugins, params, settings, takes
 from posbench.data import DataConfig
 from posbench.errors import PosbenchError, RunFailed
-from posbench.model import ModelConfig
 
 # its line in posbench/docs/commands.md, and the pages that explain it
 SUMMARY = "train one model with one scheme or layout"
 PAGES = ('model.md', 'data.md')
 
 
-@takes(DataConfig, ModelConfig, config.TrainConfig)
+@takes(DataConfig, config.ModelConfig, config.TrainConfig)
 def train(
     scheme: Annotated[str, typer.Option(help="scheme, preset or layout spec (see `posbench schemes`)")],
     *,
@@ -43,7 +42,7 @@ def train(
     """Train one model with one scheme or layout (the task's settings, overridden by flags), or one
     per seed of --seeds (stacked as ensembles where --ensemble says). A finished run is kept unless
     --overwrite. Exit 1 when a run of several failed (NaN loss): the others are trained."""
-    from posbench import training
+    from posbench import layout, training
     from posbench.runs import RunSpec
 
     if resume and overwrite:

@@ -48,73 +48,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from posbench.errors import PosbenchError, did_you_mean
+from posbench.ranges import (MAX_INT, MAX_SIZE, Range, above, at_least, below, between, check_number, even,  # noqa: F401
+                             frequency_base, non_negative, one_of, positive, size)
 from posbench.schemes.tables import position_count
 
 HOOKS = ("input", "mixer", "qk", "bias", "logits", "content", "values", "vo", "gate", "weights", "heads")
-MAX_INT = 2**31 - 1  # bounds every integer setting: larger ones overflow tensors long before use
-
-
-def check_number(value: Any, what: str) -> Any:
-    """`value` when it is a finite number of at most MAX_INT in size, integer or not (else one-line
-    error naming `what`); anything else as it is. A nan parameter would train to a nan loss, an inf
-    one overflow, and so would 1e300 in any formula that squares or exponentiates it."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise PosbenchError(f"{what} must be a finite number, got {value}")
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > MAX_INT:
-        raise PosbenchError(f"{what} is too large: {value} (at most {MAX_INT})")
-    return value
-
-
-@dataclass(frozen=True)
-class Range:
-    """The values a scheme parameter may take, declared beside its default in the scheme's
-    `ranges`: `positive`, `non_negative`, `at_least(1)`, `above(1)`, `between(0, 1)`,
-    `one_of("log", "power")`, combined with `&`. `coerce_params` refuses any other value in one
-    line, before anything is built or written."""
-
-    says: str  # completes "parameter KEY of scheme NAME must be ..."
-    holds: Callable[[Any], bool]
-    choices: tuple = ()  # the values of a `one_of`, which an unknown one is matched against
-
-    def __and__(self, other: Range) -> Range:
-        return Range(f"{self.says} and {other.says}", lambda v: self.holds(v) and other.holds(v))
-
-
-def at_least(low) -> Range:
-    return Range(f">= {low}", lambda v: v >= low)
-
-
-def above(low) -> Range:
-    return Range(f"> {low}", lambda v: v > low)
-
-
-def below(high) -> Range:
-    return Range(f"< {high}", lambda v: v < high)
-
-
-def between(low, high) -> Range:
-    """low <= value <= high."""
-    return Range(f"in [{low}, {high}]", lambda v: low <= v <= high)
-
-
-def one_of(*choices) -> Range:
-    return Range(f"one of {', '.join(map(str, choices))}", lambda v: v in choices, tuple(choices))
-
-
-positive = above(0)
-non_negative = at_least(0)
-even = Range("even", lambda v: v % 2 == 0)
-# The most rows, units, buckets or taps a size parameter may ask for: beyond it a table or a
-# hidden layer outgrows memory long before a tiny model could use it.
-MAX_SIZE = 2**16
-size = between(1, MAX_SIZE)  # a count of rows, units, buckets or taps
-frequency_base = above(1)  # base^(-2t/d): frequencies that fall from 1, one wavelength per pair
 
 
 class PositionLimitError(PosbenchError):
