@@ -17,6 +17,7 @@ import itertools
 from typing import Any
 
 from posbench.errors import PosbenchError
+from posbench.knobs import NAMES_RUN, naming_fields
 
 SECTIONS = ("model", "train")
 
@@ -85,9 +86,12 @@ def points(task) -> list[tuple[dict[str, Any], Any, Any]]:
         out.append((merged, *configs))
     seen = set()
     for merged, model, train in out:
-        if (model, train) in seen:
-            raise PosbenchError(f"[axes]: two points give the same settings ({describe(merged)})")
-        seen.add((model, train))
+        named = repr((naming_fields(model), naming_fields(train)))  # what their run_ids hash
+        if named in seen:
+            watching = [f.name for c in (model, train) for f in dataclasses.fields(c) if f.metadata.get(NAMES_RUN) is False]
+            raise PosbenchError(f"[axes]: two points give the same run ({describe(merged)}): only knobs that name "
+                                f"a run tell runs apart, not {', '.join(watching)}")
+        seen.add(named)
     return out
 
 

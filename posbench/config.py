@@ -20,7 +20,7 @@ from posbench import plugins
 from posbench.data import DataConfig
 from posbench.effective import LEARNED, SHARE, THRESHOLD, TOLERANCE
 from posbench.errors import PosbenchError, did_you_mean
-from posbench.knobs import check_fields, knob
+from posbench.knobs import UNLESS_DEFAULT, check_fields, knob
 from posbench.policies import SCALINGS
 from posbench.ranges import MAX_INT, Range, at_least, between, non_negative, one_of, positive
 
@@ -39,6 +39,13 @@ LENGTH = at_least(2) & Range(f"<= {MAX_LENGTH}", lambda v: v <= MAX_LENGTH)
 
 def _scaling_factor(v) -> bool:
     return v == 0 or v >= 1
+
+
+def _randomized(t) -> bool:
+    """randomize_max names a run that reads random positions only (posbench.positions.randomized)."""
+    from posbench.positions import randomized
+
+    return randomized(t)
 
 
 @dataclass(frozen=True)
@@ -63,24 +70,25 @@ class TrainConfig:
     warmup: int = knob(50, "linear warm-up steps", non_negative)
     weight_decay: float = knob(0.1, "AdamW weight decay of matrices and tables", non_negative)
     grad_clip: float = knob(1.0, "gradient norm clip", positive)
-    eval_interval: int = knob(100, "steps between validations", positive)
-    eval_windows: int = knob(64, "validation windows of train_len, scored at every eval_interval", positive)
-    checkpoint_interval: int = knob(100, "steps between checkpoints", positive)
+    eval_interval: int = knob(100, "steps between validations", positive, names_run=False)
+    eval_windows: int = knob(64, "validation windows of train_len, scored at every eval_interval", positive,
+                             names_run=False)
+    checkpoint_interval: int = knob(100, "steps between checkpoints", positive, names_run=False)
     randomize_positions: bool = knob(False, "train on sorted random positions from [0, randomize_max) "
                                      "(Ruoss et al. 2023)", flag=True)
-    randomize_max: int = knob(2048, "L_max of randomized positions (Ruoss et al.)", positive)
+    randomize_max: int = knob(2048, "L_max of randomized positions (Ruoss et al.)", positive, names_run=_randomized)
     position_sampling: str = knob("integer", "integer | float: float trains and evaluates on sorted random "
                                   "real positions from [0, randomize_max) (RFS, Shimizu et al. 2026)",
-                                  one_of(*POSITION_SAMPLING), flag=True)
+                                  one_of(*POSITION_SAMPLING), flag=True, names_run=UNLESS_DEFAULT)
     stop_accuracy: float = knob(0.0, "probes: stop once the validation accuracy reaches it (0: never)",
-                                Range("in 0..1 (0: never stop early)", lambda v: 0 <= v <= 1))
+                                Range("in 0..1 (0: never stop early)", lambda v: 0 <= v <= 1), names_run=UNLESS_DEFAULT)
     schedule: str = knob("cosine", "after warm-up: cosine decay to 10% of lr, or constant (fine-tuning)",
-                         one_of(*SCHEDULES))
+                         one_of(*SCHEDULES), names_run=UNLESS_DEFAULT)
     dtype: str = knob("float32", "float32 | bfloat16 (autocast)", one_of(*DTYPES), flag=True)
     compile: str = knob("auto", "auto | on | off: torch.compile the training forward (auto: on for CUDA)",
-                        one_of(*COMPILE), flag=True)
+                        one_of(*COMPILE), flag=True, names_run=False)
     tracker: str = knob("none", "none | tensorboard | wandb: training curves there too", one_of(*TRACKERS),
-                        flag=True)
+                        flag=True, names_run=False)
 
     def check(self) -> None:
         if (self.randomize_positions or self.position_sampling == "float") and self.randomize_max < self.train_len:

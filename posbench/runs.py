@@ -18,6 +18,7 @@ from posbench.config import ModelConfig, TrainConfig, build, stable_hash
 from posbench.data import DataConfig, check_probe_corpus, is_probe
 from posbench.errors import PosbenchError
 from posbench.extension import Extension
+from posbench.knobs import naming_fields
 from posbench.model import Transformer
 from posbench.positions import check_float_positions, floats, randomized
 from posbench.probes import PROBES, probe_name
@@ -65,22 +66,11 @@ class RunSpec:
         return self.extension.base_len if self.extension is not None else self.train.train_len
 
     def identity(self) -> dict[str, Any]:
-        train = dataclasses.asdict(self.train)
-        for logistics in ("eval_interval", "checkpoint_interval", "eval_windows", "compile", "tracker"):
-            train.pop(logistics)
-        if not randomized(self.train):
-            train.pop("randomize_max")
-        if not floats(self.train):  # added later: runs on integer positions keep their run_ids
-            train.pop("position_sampling")
-        if not self.train.stop_accuracy:  # added later: runs without it keep their run_ids
-            train.pop("stop_accuracy")
-        if self.train.schedule == "cosine":  # likewise
-            train.pop("schedule")
         lay = self.resolved_layout()
         params = self.params if lay is not None else identity_params(get_scheme(self.scheme), self.params)
-        out = {"scheme": self.scheme, "params": params, "seed": self.seed,
-               "data": dataclasses.asdict(self.data), "model": dataclasses.asdict(self.model),
-               "train": train}
+        # each config's fields that name a run, as its knobs declare (posbench.knobs: names_run)
+        out = {"scheme": self.scheme, "params": params, "seed": self.seed, "data": naming_fields(self.data),
+               "model": naming_fields(self.model), "train": naming_fields(self.train)}
         if lay is not None:  # a plain scheme's identity is what it was before layouts
             out["layout"] = str(lay)
         if self.extension is not None:  # likewise a run trained from scratch
