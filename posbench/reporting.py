@@ -138,14 +138,21 @@ BEST_NOTE = "* the lowest (best) mean perplexity at that length, in bold"
 SCORED = ("ok", NOT_LEARNED)  # rows with numbers (a not-learned run keeps its numbers)
 
 
+def pooled_accuracy(rows: pd.DataFrame, by: str = "run_id") -> pd.DataFrame:
+    """Per-answer accuracy of probe rows per `by` (a run, or a seed of one label): right answers and
+    answers summed over its rows (depths, variants), and their ratio. The one accuracy the probe
+    tables (posbench.tables) and the report read."""
+    rows = rows.assign(answers=pd.to_numeric(rows["answers"]), hits=pd.to_numeric(rows["hits"]))
+    pooled = rows.groupby(by)[["hits", "answers"]].sum()
+    return pooled.assign(accuracy=pooled["hits"] / pooled["answers"])
+
+
 def accuracy_interval(g: pd.DataFrame) -> tuple[float, float, float, int]:
     """Per-answer accuracy of one label and length, right answers and answers pooled over the
     other columns (depth, variant) within each run: (mean, lo, hi, seeds), the 95% t-interval
     over seeds (clipped to [0, 1]) when several, the Wilson interval over its answers when one."""
-    ok = g[g["status"].isin(SCORED)]
-    ok = ok.assign(answers=pd.to_numeric(ok["answers"]), hits=pd.to_numeric(ok["hits"]))
-    per_run = ok.groupby("run_id")[["hits", "answers"]].sum()
-    iv = stats.mean_interval(per_run["hits"] / per_run["answers"])
+    per_run = pooled_accuracy(g[g["status"].isin(SCORED)])
+    iv = stats.mean_interval(per_run["accuracy"])
     if iv.n > 1:
         return iv.mean, max(iv.lo, 0.0), min(iv.hi, 1.0), iv.n
     lo, hi = stats.wilson(int(per_run["hits"].iloc[0]), int(per_run["answers"].iloc[0]))
@@ -279,10 +286,7 @@ def plot_probe_heatmap(df: pd.DataFrame, path: Path, title: str) -> Path:
 def seed_accuracies(g: pd.DataFrame) -> list[float]:
     """Each seed's (run's) per-answer accuracy in one label and length, variants pooled, as
     accuracy_interval pools them."""
-    ok = g[g["status"].isin(SCORED)]
-    ok = ok.assign(answers=pd.to_numeric(ok["answers"]), hits=pd.to_numeric(ok["hits"]))
-    per_run = ok.groupby("run_id")[["hits", "answers"]].sum()
-    return sorted((per_run["hits"] / per_run["answers"]).tolist())
+    return sorted(pooled_accuracy(g[g["status"].isin(SCORED)])["accuracy"].tolist())
 
 
 def plot_probe_seeds(df: pd.DataFrame, path: Path, title: str) -> Path:

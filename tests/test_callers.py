@@ -22,3 +22,10 @@ def test_every_function_and_class_has_a_caller():
             if len(re.findall(rf"\b{re.escape(node.name)}\b", text)) < 2:
                 unused.append(f"{path.relative_to(REPO)}: {node.name}")
     assert not unused, unused
+
+
+def test_no_module_of_posbench_is_over_700_lines():
+    """A module a reader can hold: none of posbench/ over 700 lines (split one by concern instead)."""
+    long = {str(p.relative_to(REPO)): n for p in sorted((REPO / "posbench").rglob("*.py"))
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 700}
+    assert not long, long
