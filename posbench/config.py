@@ -21,7 +21,7 @@ from posbench.data import DataConfig
 from posbench.effective import LEARNED, SHARE, THRESHOLD, TOLERANCE
 from posbench.errors import PosbenchError, did_you_mean
 from posbench.knobs import UNLESS_DEFAULT, check_fields, knob
-from posbench.policies import SCALINGS
+from posbench.policies import POLICIES, from_eval, get_policy
 from posbench.ranges import MAX_INT, Range, at_least, between, non_negative, one_of, positive
 
 TASK_VERSION = 1
@@ -95,11 +95,16 @@ class TrainConfig:
             raise PosbenchError("randomize_max must be at least train_len")
 
 
+def policy_knob(policy: str, setting: str):
+    """The [eval] key (and flag) of one setting of a built-in policy, as the policy declares it."""
+    cls = get_policy(policy)
+    return knob(cls.defaults[setting], cls.help[setting], cls.ranges.get(setting), flag=True)
+
+
 # the flags of EvalConfig that set an eval-time RoPE policy: every command that reads
 # --rope-scaling takes them all
-POLICY_FLAGS = ("rope_scaling", "scaling_factor", "yarn_alpha", "yarn_beta", "llama3_low", "llama3_high",
-                "self_extend_group", "self_extend_window", "rerope_window", "rerope_leak", "freq_band_cutoff",
-                "dpe_groups", "dpe_window", "dpe_scales", "dpe_windows", "dope_heads", "dope_rank", "longrope_factors")
+POLICY_FLAGS = ("rope_scaling", "scaling_factor", *(f for cls in POLICIES.values() for f in cls.flags.values()),
+                "dpe_windows")
 
 
 @dataclass(frozen=True)
@@ -110,35 +115,29 @@ class EvalConfig:
     stride: int = knob(0, "sliding stride (0: half the window)", non_negative, flag=True)
     tokens: int = knob(16384, "tokens scored at every length", positive, flag=True)
     batch_tokens: int = knob(16384, "tokens per forward (windows per batch = batch_tokens // L)", positive)
-    rope_scaling: tuple[str, ...] = knob(("none",), f"RoPE scalings read at every length: {','.join(SCALINGS)}",
+    rope_scaling: tuple[str, ...] = knob(("none",), f"RoPE policies read at every length: {','.join(POLICIES)} or a "
+                                         "plug-in's; NAME(KEY=VALUE,...) gives a policy's settings, NAME:S its factor",
                                          flag=True)
     rope_scaling_factor: float = knob(0.0, "RoPE scaling factor s (0: L_eval / L_train)",
                                       Range(">= 1 (or 0: L_eval / L_train)", _scaling_factor), flag="scaling_factor",
                                       name="rope scaling factor")
-    yarn_alpha: float = knob(1.0, "YaRN alpha (beta_slow)", positive, flag=True)
-    yarn_beta: float = knob(32.0, "YaRN beta (beta_fast)", positive, flag=True)
-    llama3_low: float = knob(1.0, "Llama 3 low_freq_factor: wavelengths above train_len / low are "
-                             "interpolated fully", flag=True)
-    llama3_high: float = knob(4.0, "Llama 3 high_freq_factor: wavelengths below train_len / high are kept",
-                              flag=True)
-    self_extend_group: int = knob(8, "Self-Extend group G", at_least(1), flag=True)
-    self_extend_window: int = knob(0, "Self-Extend neighbour window W, a multiple of G (0: train_len/4 "
-                                   "rounded to a multiple of G)", non_negative, flag=True)
-    rerope_window: int = knob(0, "ReRoPE window w (0: train_len/4)", non_negative, flag=True)
-    rerope_leak: float = knob(0.0, "ReRoPE leak k (0: clip at w; >= 1: leaky ReRoPE)",
-                              Range("0 (ReRoPE) or >= 1 (leaky ReRoPE)", lambda v: v == 0 or v >= 1), flag=True)
-    freq_band_cutoff: float = knob(1.0, "freq-band: pairs whose wavelength exceeds cutoff x train_len are left "
-                                   "unrotated", positive, flag=True)
-    dpe_groups: int = knob(8, "DPE groups of rotary pairs, one scale each", at_least(1), flag=True)
-    dpe_window: int = knob(0, "DPE neighbour window W (0: train_len/8)", non_negative, flag=True)
-    dpe_scales: tuple[float, ...] = knob((), "DPE scale per group (empty: detected at every length on "
-                                         "validation windows)", at_least(1), flag=True)
+    # the per-policy keys and flags: default, help and range are the policy's own (posbench.policies.builtins)
+    yarn_alpha: float = policy_knob("yarn", "alpha")
+    yarn_beta: float = policy_knob("yarn", "beta")
+    llama3_low: float = policy_knob("llama3", "low")
+    llama3_high: float = policy_knob("llama3", "high")
+    self_extend_group: int = policy_knob("self-extend", "group")
+    self_extend_window: int = policy_knob("self-extend", "window")
+    rerope_window: int = policy_knob("rerope", "window")
+    rerope_leak: float = policy_knob("rerope", "leak")
+    freq_band_cutoff: float = policy_knob("freq-band", "cutoff")
+    dpe_groups: int = policy_knob("dpe", "groups")
+    dpe_window: int = policy_knob("dpe", "window")
+    dpe_scales: tuple[float, ...] = policy_knob("dpe", "scales")
     dpe_windows: int = knob(2, "DPE detection: validation windows scored per trial scale", positive, flag=True)
-    dope_heads: float = knob(0.125, "DoPE share of each layer's heads flagged noisy (at least one)",
-                             between(0, 1), flag=True)
-    dope_rank: int = knob(32, "DoPE truncation r of the matrix entropy", at_least(1), flag=True)
-    longrope_factors: tuple[float, ...] = knob((), "LongRoPE factors, one per rotated pair: longrope in "
-                                               "rope_scaling", positive, flag=True)
+    dope_heads: float = policy_knob("dope", "heads")
+    dope_rank: int = policy_knob("dope", "rank")
+    longrope_factors: tuple[float, ...] = policy_knob("longrope", "factors")
     learned_extension: tuple[str, ...] = knob(("none",), "learned-table extensions: none,hierarchical",
                                               flag=True)
     position_buckets: int = knob(16, "buckets of the loss-by-position table", positive)
@@ -159,14 +158,15 @@ class EvalConfig:
                                     between(0, 1))
 
     def check(self) -> None:
-        check_yarn(self.yarn_alpha, self.yarn_beta)
         from posbench.schemes import SCHEMES
 
-        for kind in self.rope_scaling:
-            _choice("rope_scaling", kind, (*SCALINGS, "longrope") if self.longrope_factors else SCALINGS)
-        if not 0 < self.llama3_low < self.llama3_high < math.inf:
-            raise PosbenchError(f"llama3_low and llama3_high must satisfy 0 < low < high, "
-                                f"got {self.llama3_low} and {self.llama3_high}")
+        for cls in POLICIES.values():  # the per-policy keys, checked by their policies (yarn: alpha < beta)
+            if cls.flags:
+                cls(**{key: getattr(self, flag) for key, flag in cls.flags.items()})
+        for spec in self.rope_scaling:
+            if from_eval(spec, self).name == "longrope" and not self.longrope_factors:
+                raise PosbenchError("rope_scaling longrope needs longrope_factors, one per rotated pair (`posbench "
+                                    "extend` searches them)")
         extensions = {"none", *(e for cls in SCHEMES.values() for e in cls.extensions)}
         for name in self.learned_extension:
             _choice("learned extension", name, extensions)
@@ -622,7 +622,7 @@ def only_schemes(task: Task, wanted: tuple[str, ...]) -> Task:
 def parse_list(value: str | Iterable, item: type, what: str) -> tuple:
     """A list option as the command line gives it ("64,128") or as Python does ([64, 128]): its
     items of type `item`, one line when one is not, when there are none or when one is empty."""
-    parts = value.split(",") if isinstance(value, str) else list(value)
+    parts = _top_level(value) if isinstance(value, str) else list(value)
     parts = [p.strip() if isinstance(p, str) else p for p in parts]
     if all(p == "" for p in parts):
         raise PosbenchError(f"bad {what} {value!r}: empty")
@@ -633,6 +633,18 @@ def parse_list(value: str | Iterable, item: type, what: str) -> tuple:
     except (TypeError, ValueError):
         kind = {int: "integers", float: "numbers"}.get(item, "names")
         raise PosbenchError(f"bad {what} {value!r}: expected comma-separated {kind}") from None
+
+
+def _top_level(text: str) -> list[str]:
+    """text split at its commas outside parentheses: 'none,yarn(alpha=2,beta=16)' is two items."""
+    parts, depth = [""], 0
+    for c in text:
+        depth += (c == "(") - (c == ")")
+        if c == "," and depth <= 0:
+            parts.append("")
+        else:
+            parts[-1] += c
+    return parts
 
 
 def parse_int_list(text: str, what: str = "lengths") -> tuple[int, ...]:

@@ -52,8 +52,7 @@ from posbench.positions import evaluation_columns, evaluation_positions, randomi
 from posbench.progress import Bar
 from posbench.probes import PROBES, probe_name
 from posbench.schemes import SCHEMES, PositionLimitError
-from posbench.policies import RopeScaling
-from posbench.policies.dpe import detect_dpe_scales
+from posbench.policies import Policy, PolicyFailure, from_eval, make, refuse_stale
 from posbench.device import autocast, resolve_device
 from posbench.runs import FINAL, RunSpec, data_spec, load_spec, load_trained
 
@@ -64,7 +63,7 @@ ATTN_BYTES = 512 * 2**20  # cap on one batch's attention scores (B * H * L * L f
 class Variant:
     """One eval-time configuration of a run: RoPE scaling and/or a position-table extension."""
 
-    scaling: RopeScaling = RopeScaling()
+    scaling: Policy = make()
     extension: str = "none"
 
     @property
@@ -100,7 +99,7 @@ def variants_for(spec: RunSpec, cfg: EvalConfig, layout) -> list[Variant]:
     child fine-tuned with a rescaling (posbench.extending), which is evaluated with its own alone."""
     rescaled = spec.extension is not None and spec.extension.rescaling != "plain"
     scalable = layout.scalable and not randomized(spec.train) and not rescaled
-    scalings = [scaling_of(k, cfg) for k in cfg.rope_scaling] if scalable else [RopeScaling()]
+    scalings = [from_eval(k, cfg) for k in cfg.rope_scaling] if scalable else [make()]
     extensions = [e for e in cfg.learned_extension if e == "none" or e in layout.extensions] or ["none"]
     return [Variant(s, e) for s in dict.fromkeys(scalings) for e in dict.fromkeys(extensions)]
 
@@ -129,16 +128,6 @@ def scaling_note(rows: list[dict], kinds: tuple[str, ...]) -> str | None:
     return "; ".join(parts)
 
 
-def scaling_of(kind: str, cfg: EvalConfig) -> RopeScaling:
-    """The eval-time scaling `kind` with the settings of `cfg`."""
-    window = {"self-extend": cfg.self_extend_window, "dpe": cfg.dpe_window}.get(kind, cfg.rerope_window)
-    return RopeScaling(kind, cfg.rope_scaling_factor, cfg.yarn_alpha, cfg.yarn_beta, cfg.llama3_low, cfg.llama3_high,
-                       group=cfg.self_extend_group, window=window, leak=cfg.rerope_leak,
-                       factors=cfg.longrope_factors if kind == "longrope" else (), cutoff=cfg.freq_band_cutoff,
-                       groups=cfg.dpe_groups, scales=cfg.dpe_scales if kind == "dpe" else (), heads=cfg.dope_heads,
-                       rank=cfg.dope_rank)
-
-
 def detection_windows(valid: torch.Tensor, length: int, count: int, seed: int = 0) -> torch.Tensor:
     """(count, L + 1) windows of the token stream `valid` (a validation split) at starts drawn
     uniformly with `seed`: the text DPE's detection scores its trial scales on."""
@@ -156,26 +145,29 @@ def rotary_pairs(layout) -> tuple[int, int]:
 
 
 @torch.inference_mode()
-def detect_dpe(scorer, set_scaling, scaling: RopeScaling, pairs: int, train_len: int, length: int,
-               tokens: torch.Tensor) -> RopeScaling:
-    """DPE's scales at `length` (posbench.policies.dpe.detect_dpe_scales), each trial scored by
-    the mean loss of `scorer` on the windows `tokens` (B, L + 1); the scaling found is set."""
-    def loss(trial: RopeScaling) -> float:
+def detect_dpe(scorer, set_scaling, scaling: Policy, pairs: int, train_len: int, length: int,
+               tokens: torch.Tensor) -> Policy:
+    """A detecting policy's settings at `length` (its `detect` hook: DPE's scales), each trial scored
+    by the mean loss of `scorer` on the windows `tokens` (B, L + 1); the policy found is set."""
+    def loss(trial: Policy) -> float:
         set_scaling(trial)
         return float(scorer.losses(tokens).mean())
 
-    found = detect_dpe_scales(loss, scaling, pairs, length, train_len)
+    found = scaling.detect(loss, pairs, length, train_len)
     set_scaling(found)
     return found
 
 
-def dpe_note(scaling: RopeScaling, text: str = "validation windows") -> str:
-    """The reason column of a DPE row: the scales it read with, and whence (detected on `text`)."""
+def dpe_note(scaling: Policy, text: str = "validation windows") -> str:
+    """The reason column of a row of a detecting policy: DPE's scales it read with, and whence
+    (detected on `text`); another policy's settings as its label names them."""
+    if scaling.name != "dpe":
+        return f"{scaling.label} (detected on {text})"
     how = f"detected on {text}" if scaling.detected else "given"
     return f"dpe scales {'-'.join(f'{s:g}' for s in scaling.scales)} ({how})"
 
 
-def trained_dpe(model, dev, dtype: str, scaling: RopeScaling, length: int, tokens: torch.Tensor, text: str) -> str:
+def trained_dpe(model, dev, dtype: str, scaling: Policy, length: int, tokens: torch.Tensor, text: str) -> str:
     """A trained run's DPE scales at `length`, detected on the windows `tokens` (`text` says what
     they are) and set on its layout: the note its rows carry."""
     found = detect_dpe(TrainedScorer(model, dev, dtype, 0), model.layout.set_scaling, scaling,
@@ -375,7 +367,7 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
         for length in cfg.lengths:
             row = {**base, "eval_len": length, "ratio": length / spec.original_len,
                    "stride": stride_for(cfg, length), "scaling": variant.scaling_label, "extension": variant.extension,
-                   "backend": model.layout.backends(dev, model.backend)}
+                   "backend": model.layout.backends(dev, model.backend), **variant.scaling.provenance()}
             total = count = window_loss = 0
             keys = key_tokens(cfg, None, spec.original_len)
             recorder = Recorder(model.layout.spans, spec.train.train_len) if attention is not None else None
@@ -384,7 +376,7 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
             inline = recorder is not None and row["backend"] == "explicit"
             note = ""
             try:
-                if variant.scaling.kind == "dpe":
+                if variant.scaling.detects:
                     note = trained_dpe(model, dev, spec.train.dtype, variant.scaling, length,
                                        detection_windows(data.valid, length, cfg.dpe_windows), "validation windows")
                 for draw in range(draws):
@@ -417,7 +409,8 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
             positions += position_rows(row, total, count, cfg.position_buckets)
             per_window += window_rows(row, starts, window_loss)
             if recorder is not None:
-                attention += [{**row, **r, "backend": "explicit"} for r in recorder.rows()]
+                kept = {k: v for k, v in row.items() if k != results.POLICY_SHA}  # attention.csv has no such column
+                attention += [{**kept, **r, "backend": "explicit"} for r in recorder.rows()]
     return rows, positions, per_window
 
 
@@ -435,6 +428,8 @@ def failure(e: Exception, length: int) -> str | None:
     plug-in file and line it arose at, and for an index out of range the hint that a finite table
     declares its limit. None for an error that is not the scheme's (bad input, out of memory),
     which stops the command as before."""
+    if isinstance(e, PolicyFailure):
+        return f"at {length} positions: {e}"
     if out_of_memory(e) or (isinstance(e, PosbenchError) and plugins.blame(e) is None):
         return None
     said = plugins.blame(e) or f"{type(e).__name__}: {first_line(e)}"
@@ -540,6 +535,8 @@ def extrapolate(runs_dir: Path | str, cfg: EvalConfig, schemes: list[str] | None
     tables = ("windows", "extrapolation", "positions") + (("attention",) if attention else ())
     for table in tables:  # a damaged table fails before any is written
         results.read_rows(results.table_path(out, table))
+    refuse_stale(results.read_rows(results.table_path(out, "extrapolation")),
+                 [from_eval(k, cfg) for k in cfg.rope_scaling], str(results.table_path(out, "extrapolation")))
     cache: dict = {}
     all_rows = []
     with Bar(progress, "run", lines=False) as bar:

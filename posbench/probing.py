@@ -157,14 +157,14 @@ def evaluate_run(run_dir: Path, cfg: ProbesConfig, eval_cfg: EvalConfig, device:
         group = []
         for length in lengths:
             common = {**base, "eval_len": length, "ratio": length / spec.original_len,
-                      "scaling": variant.scaling_label, "extension": variant.extension,
+                      "scaling": variant.scaling_label, "extension": variant.extension, **variant.scaling.provenance(),
                       "backend": model.layout.backends(dev, model.backend)}
             labels = [probe.variant_label(v) for v in variants]
             prompts = [p for v in variants for p in cells[(length, v)]]
             judged: list[list[bool]] = []
             note = ""
             try:  # every variant of a length in one batch, once per position draw
-                if variant.scaling.kind == "dpe":  # DPE's scales at this length, on the first prompt's tokens
+                if variant.scaling.detects:  # DPE's scales at this length, on the first prompt's tokens
                     note = trained_dpe(model, dev, spec.train.dtype, variant.scaling, length - 1,
                                        torch.tensor([prompts[0].tokens]), "the first prompt")
                 for draw in range(draws):

@@ -70,3 +70,17 @@ even = Range("even", lambda v: v % 2 == 0)
 MAX_SIZE = 2**16
 size = between(1, MAX_SIZE)  # a count of rows, units, buckets or taps
 frequency_base = above(1)  # base^(-2t/d): frequencies that fall from 1, one wavelength per pair
+
+
+def check_ranges(what: str, noun: str, defaults: dict, ranges: dict) -> None:
+    """Each declared range is a Range of a declared parameter (or setting), and holds for its
+    default (each item of a tuple default); one line naming `what` if not."""
+    for key, allowed in ranges.items():
+        if key not in defaults:
+            raise PosbenchError(f"{what} declares a range for {key!r}, which is not one of its {noun}")
+        if not isinstance(allowed, Range):
+            raise PosbenchError(f"{what}: the range of {key} must be a posbench.schemes.Range "
+                                "(positive, at_least(1), between(0, 1), one_of(...), ...)")
+        for v in defaults[key] if isinstance(defaults[key], tuple) else (defaults[key],):
+            if not allowed.holds(v):
+                raise PosbenchError(f"{what}: the default {key}={v!r} is outside its range (must be {allowed.says})")

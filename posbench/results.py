@@ -30,6 +30,7 @@ from posbench.errors import PosbenchError, naming
 PROVENANCE = ["device", "dtype", "torch", "posbench", "git_sha", "python", "corpus", "created", "machine",
               "machine_detail"]
 MACHINE = {"machine", "machine_detail"}
+POLICY_SHA = "policy_sha256"  # the sha256 of the plug-in file of a row's eval-time policy ("" for a built-in)
 
 TABLES: dict[str, dict[str, list[str]]] = {
     "runs": {
@@ -47,7 +48,8 @@ TABLES: dict[str, dict[str, list[str]]] = {
         "columns": ["run_id", "task", "scheme", "params", "seed", "train_len", "eval_len", "ratio",
                     "mode", "stride", "scaling", "extension", "position_draws", "tokens", "loss",
                     "ppl", "loss_se", "ppl_lo", "ppl_hi", "key_ppl", "key_share", "key_tokens", "backend", "status",
-                    "reason", "parent_run", "extend_method", "extend_len", "extend_steps", "position_sampling"] + PROVENANCE,
+                    "reason", "parent_run", "extend_method", "extend_len", "extend_steps", "position_sampling"] + PROVENANCE
+                   + [POLICY_SHA],
     },
     # Each scored window's mean loss: what posbench.pairing pairs between two models.
     "windows": {
@@ -68,7 +70,7 @@ TABLES: dict[str, dict[str, list[str]]] = {
                     "accuracy", "acc_lo", "acc_hi", "exact", "exact_match", "em_lo", "em_hi", "chance",
                     "scaling", "extension", "backend", "status",
                     "reason", "parent_run", "extend_method", "extend_len", "extend_steps",
-                    "position_sampling"] + PROVENANCE,
+                    "position_sampling"] + PROVENANCE + [POLICY_SHA],
     },
     # One row per prompt of a pretrained model's probe (posbench.pretrained.judge_prompts): its
     # verdict per reference (`verdicts`: y or n each), written as each prompt is judged, so that
@@ -119,11 +121,11 @@ ADDED_LATER: dict[str, set[str]] = {
     "runs": {"model_flops_per_second", "mfu", "mfu_peak", "compile", "ensemble", "stopped_at", "final_val_accuracy", "plugins",
              "scored_tokens", "padding_tokens", "weights_sha256", *EXTENSION, *MACHINE, *SIZE},
     "extrapolation": {"position_draws", "loss_se", "ppl_lo", "ppl_hi", "key_ppl", "key_share", "key_tokens", SAMPLING,
-                      *EXTENSION, *MACHINE},
+                      *EXTENSION, *MACHINE, POLICY_SHA},
     "windows": {"params", "position_draws", SAMPLING, *EXTENSION},
     "positions": {"train_len"},
     "probes": {"acc_lo", "acc_hi", "answers", "exact", "exact_match", "em_lo", "em_hi", "chance", SAMPLING,
-               *EXTENSION, *MACHINE},
+               *EXTENSION, *MACHINE, POLICY_SHA},
     "effective_length": {"position_draws", "basis", SAMPLING, *EXTENSION, *MACHINE},
     "attention": {SAMPLING},
     "speed": {"device_name", "compile"},

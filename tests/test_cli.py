@@ -71,19 +71,20 @@ def test_schemes_lists_every_rope_policy(capsys):
     import typer
 
     from posbench.cli import app
-    from posbench.policies import KINDS
+    from posbench.policies import POLICIES
 
     assert main(["schemes", "--policies", "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [r["policy"] for r in rows] == list(KINDS)
-    assert {"freq-band", "dpe", "dope", "yarn", "self-extend"} <= set(KINDS)
-    assert all(r["formula"] and r["reference"] for r in rows)
+    assert [r["policy"] for r in rows] == list(POLICIES)
+    assert {"freq-band", "dpe", "dope", "yarn", "self-extend", "longrope"} <= set(POLICIES)
+    assert all(r["formula"] and r["reference"] and r["source"] == "built-in" for r in rows)
     flags = {o for p in typer.main.get_command(app).commands["extrapolate"].params for o in p.opts}
     named = {w.strip(";,") for r in rows for w in r["settings"].split() if w.startswith("--")}
     assert named and named <= flags, named - flags
     assert main(["schemes", "--policies", "--format", "markdown"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert out[0] == "| policy | formula | reference | settings |" and len(out) == len(KINDS) + 2
+    out = capsys.readouterr().out
+    assert "\n| policy | formula | reference | settings | source |\n" in out
+    assert all(f"\n## {name}\n" in out for name in POLICIES)
     assert main(["schemes", "--policies"]) == 0
     assert "RoPE policies" in capsys.readouterr().out
 

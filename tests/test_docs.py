@@ -26,6 +26,16 @@ def test_the_catalogue_page_is_what_the_registry_generates():
     assert REGENERATE in page
 
 
+def test_the_policies_page_is_what_the_registry_generates():
+    from posbench.catalogue import policy_markdown, policy_rows
+
+    page = (DOCS / "policies.md").read_text(encoding="utf-8")
+    built_in = [r for r in policy_rows() if r["source"] == "built-in"]
+    assert page == policy_markdown(built_in), "posbench/docs/policies.md is stale: run `posbench schemes --policies " \
+                                              "--format markdown > posbench/docs/policies.md`"
+    assert "- `alpha` (default 1, > 0, [eval] yarn_alpha): YaRN alpha (beta_slow)" in page
+
+
 def test_schemes_format_markdown_prints_the_page(capsys):
     assert main(["schemes", "--format", "markdown"]) == 0
     out = capsys.readouterr().out

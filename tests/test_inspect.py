@@ -11,7 +11,7 @@ from conftest import TINY_MODEL, TINY_TRAIN
 from posbench import api, inspection, results
 from posbench.cli import main
 from posbench.config import load_task
-from posbench.evaluate import scaling_of
+from posbench.policies import from_eval
 from posbench.runs import RunSpec, load_trained
 from posbench.training import train
 
@@ -50,7 +50,7 @@ def test_pi_scaling_slows_every_pair_by_the_ratio():
     rope = scheme("rope")
     n = 4 * L
     plain = inspection.pair_angles(rope, n, L)["angles"]
-    rope.set_scaling(scaling_of("pi", load_task("quick").eval))  # s = n / L at a window of n
+    rope.set_scaling(from_eval("pi", load_task("quick").eval))  # s = n / L at a window of n
     slow = inspection.pair_angles(rope, n, L)["angles"]
     assert torch.allclose(slow * (n / L), plain, rtol=1e-4, atol=1e-4)
 

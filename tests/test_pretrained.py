@@ -465,13 +465,13 @@ def test_a_device_without_cuda_is_one_line(folder, tmp_path, capsys):
 def test_a_pretrained_model_reads_alike_on_cuda(folder, policy):
     """Losses and a greedy continuation on CUDA as on the CPU (float32; the two-map policies score
     explicitly there, with no fused CPU kernel)."""
-    from posbench.evaluate import scaling_of
+    from posbench.policies import from_eval
 
     ids = torch.randint(0, len(CHARS), (1, 97), generator=torch.Generator().manual_seed(0))
     read = {}
     for device in ("cpu", "cuda"):
         m = pretrained.load(f"hf:{folder}", device=device)
-        m.set_scaling(scaling_of(policy, config.EvalConfig(self_extend_group=2, self_extend_window=8)))
+        m.set_scaling(from_eval(policy, config.EvalConfig(self_extend_group=2, self_extend_window=8)))
         read[device] = (m.token_losses(ids), m.greedy(ids[0, :64].tolist(), 4))
     assert torch.allclose(read["cpu"][0], read["cuda"][0], atol=1e-4)
     assert read["cuda"][0].device.type == "cpu" and read["cpu"][1] == read["cuda"][1]

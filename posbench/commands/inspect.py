@@ -42,7 +42,8 @@ def inspect(
     (entropy, distance, sink and far mass in attention.csv); inspect.md links them.
 
     One row per picture (scheme, kind, caption, path); `attrs["pictures"]` holds the arrays drawn."""
-    from posbench import evaluate, inspection, layout
+    from posbench import inspection, layout
+    from posbench.policies import from_eval
 
     load_plugins(plugins)
     t = config.load_task(task)
@@ -52,7 +53,7 @@ def inspect(
         if not chosen:
             raise PosbenchError("name the schemes to draw (e.g. rope,alibi), or a trained run with --run / --runs-dir")
         checked = [layout.check(n) for n in chosen]
-        scalings = [evaluate.scaling_of(k, t.eval) for k in names(rope_scaling) or ()]
+        scalings = [from_eval(k, t.eval) for k in names(rope_scaling) or ()]
         if train_len is not None and not 1 <= train_len <= inspection.MAX_POSITIONS:
             raise PosbenchError(f"--train-len must be between 1 and {inspection.MAX_POSITIONS}, got {train_len}")
         dims = inspection.dims_for(t, train_len)

@@ -1,18 +1,23 @@
-"""The eval-time RoPE policies (`--rope-scaling`, posbench/docs/extension.md): how a model trained
-with RoPE is read past its training length without training again.
+"""The eval-time RoPE policies (`--rope-scaling`, posbench/docs/extension.md and policies.md): how a
+model trained with RoPE is read past its training length without training again.
 
-- posbench.policies.scaling: the policies' names, what `posbench schemes --policies` lists, and
-  `RopeScaling`, one policy with its settings (no torch: the command line names them without it).
-- posbench.policies.frequencies: the rotary frequencies under each policy that rescales them.
+A policy is one class on `Policy`, registered with `register` (posbench.policies.registry): the
+built-ins are in posbench.policies.builtins; a plug-in (posbench/docs/plugins.md) does the same:
+
+    from posbench.policies import Policy, register
+
+- posbench.policies.registry: `Policy`, its hooks, `register`, `POLICIES` and the policy specs.
+- posbench.policies.scaling: `RopeScaling(kind, factor, **settings)` and `from_eval`.
+- posbench.policies.frequencies: the rotary frequencies under a policy, and the built-ins' formulas.
 - posbench.policies.rotation: turning q and k by position.
-- posbench.policies.two_maps: Self-Extend, ReRoPE and DPE's merged logit maps.
+- posbench.policies.two_maps: the merged logits of the two-map policies (Self-Extend, ReRoPE, DPE).
 - posbench.policies.dpe: DPE's scales, detected or defaulted.
-
-This package imports only the torch-free names; the formulas are imported from their modules.
+- posbench.policies.check: `posbench check --policy`, the conformance report of a policy.
 """
 
-from posbench.policies.scaling import (DOPE_DEFAULTS, DPE_GROUPS, KINDS, LLAMA3_DEFAULTS, LOGIT_POLICIES, POLICIES,
-                                       SCALINGS, TWO_MAPS, UNSCALED, YARN_DEFAULTS, RopeScaling)
+from posbench.policies.registry import POLICIES, Policy, PolicyFailure, get_policy, make, register
+from posbench.policies.scaling import RopeScaling, from_eval, names, refuse_stale
+from posbench.policies import builtins  # noqa: F401  (registers the built-ins)
 
-__all__ = ["DOPE_DEFAULTS", "DPE_GROUPS", "KINDS", "LLAMA3_DEFAULTS", "LOGIT_POLICIES", "POLICIES", "SCALINGS",
-           "TWO_MAPS", "UNSCALED", "YARN_DEFAULTS", "RopeScaling"]
+__all__ = ["POLICIES", "Policy", "PolicyFailure", "RopeScaling", "from_eval", "get_policy", "make", "names",
+           "refuse_stale", "register"]

@@ -1,14 +1,16 @@
-"""The rotary frequencies under each eval-time policy that rescales them (pi, ntk, dynamic-ntk, yarn,
-llama3, longrope, freq-band): `rope_frequencies`, computed over the rotated dims as transformers does.
+"""The rotary frequencies under an eval-time policy (`rope_frequencies`, computed over the rotated
+dims as transformers does) and the formulas of the built-ins that rescale them (YaRN's and Llama
+3's ramps, NTK's base, freq-band's cut).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
 
-from posbench.policies.scaling import RopeScaling
+from posbench.policies.registry import PolicyFailure, where
 
 
 def yarn_ramp(dim: int, base: float, train_len: int, alpha: float, beta: float) -> torch.Tensor:
@@ -41,38 +43,26 @@ def ntk_base(base: float, ratio: float, dim: int) -> float:
     return base * ratio ** (dim / (dim - 2)) if dim > 2 else base
 
 
-def rope_frequencies(
-    dim: int, base: float, train_len: int, scaling: RopeScaling, length: int
-) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies (dim/2,) float64 and the factor applied to both cos and sin."""
-    s = scaling.scale(length, train_len)
+def rope_frequencies(dim: int, base: float, train_len: int, policy, length: int) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies (dim/2,) float64 and the factor applied to both cos and sin under
+    `policy` (posbench.policies.Policy) for windows of `length` tokens: base^(-2t/dim) from the base
+    its `rope_base` gives, then its `frequencies` and `temperature`. A policy that interpolates
+    leaves a window with s <= 1 as trained. Non-finite frequencies are a PolicyFailure naming the
+    policy's hook (a `failed` row at that length)."""
     exponent = torch.arange(0, dim, 2, dtype=torch.float64) / dim
-    inv = base**-exponent
-    kind = scaling.kind if s > 1 else "none"
-    if kind == "pi":
-        return inv / s, 1.0
-    if kind == "ntk":
-        return ntk_base(base, s, dim) ** -exponent, 1.0
-    if kind == "dynamic-ntk":
-        # transformers' `dynamic`: s is the factor f (1 when none is given) and the base grows with
-        # the length itself, from 1x at L_train: base * (f L / L_train - (f - 1))^(dim/(dim-2)).
-        f = scaling.factor if scaling.factor > 0 else 1.0
-        ratio = f * max(length, train_len) / train_len - (f - 1)
-        return ntk_base(base, ratio, dim) ** -exponent, 1.0
-    if kind == "longrope":
-        # transformers' `_compute_longrope_parameters`: 1 / (lambda_t base^(2t/d)), cos and sin times
-        # sqrt(1 + ln s / ln L); the factors apply at every position (no n^ of the paper) and at
-        # every length: long factors only, no short_factor up to L (posbench.extension)
-        return inv / torch.tensor(scaling.factors, dtype=torch.float64), math.sqrt(1 + math.log(s) / math.log(train_len))
-    if scaling.kind == "freq-band":
-        return freq_band(inv, train_len, scaling.cutoff), 1.0
-    if kind in ("yarn", "llama3"):  # by parts: each pair between kept and divided by s
-        if kind == "yarn":
-            ramp, mscale = yarn_ramp(dim, base, train_len, scaling.alpha, scaling.beta), 0.1 * math.log(s) + 1.0
-        else:
-            ramp, mscale = llama3_ramp(inv, train_len, scaling.low, scaling.high), 1.0
-        return inv / s * ramp + inv * (1 - ramp), mscale
-    return inv, 1.0
+    if policy.interpolates and policy.scale(length, train_len) <= 1:
+        return base**-exponent, 1.0
+    given = {"base": base} if "base" in inspect.signature(policy.frequencies).parameters else {}
+    inv = policy.frequencies(policy.rope_base(base, dim, length, train_len) ** -exponent, length, train_len, **given)
+    mscale = policy.temperature(length, train_len)
+    inv = torch.as_tensor(inv, dtype=torch.float64)
+    if inv.shape != exponent.shape:
+        raise PolicyFailure(f"{where(type(policy))}policy {policy.name}'s frequencies gave shape {tuple(inv.shape)} "
+                            f"for {len(exponent)} rotary pairs")
+    if not bool(torch.isfinite(inv).all()) or not math.isfinite(mscale):
+        raise PolicyFailure(f"{where(type(policy))}policy {policy.name}'s frequencies are not finite at length "
+                            f"{length}")
+    return inv, float(mscale)
 
 
 def freq_band(inv: torch.Tensor, train_len: int, cutoff: float) -> torch.Tensor:

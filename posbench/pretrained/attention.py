@@ -10,12 +10,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from posbench.evaluate import (ATTN_BYTES)
-from posbench.schemes.dope import dope_qk
-from posbench.policies import RopeScaling
-from posbench.policies.dpe import dpe_ready
+from posbench.evaluate import ATTN_BYTES
+from posbench.policies import Policy
 from posbench.policies.rotation import turn_at
-from posbench.policies.two_maps import far_keys, far_queries, two_map_scores
+from posbench.policies.two_maps import two_map_scores
 from posbench.pretrained.rotary import Rotary, Turned
 
 
@@ -25,7 +23,7 @@ QUERY_BLOCK = 256  # queries per block of two-map attention: its explicit scores
 
 
 def turned_keys(rotary: Rotary, layer: int, key: torch.Tensor, value: torch.Tensor, inv: torch.Tensor,
-                policy: RopeScaling) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                policy: Policy) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Keys (B, Hkv, Tk, D) at 0..Tk-1 turned for the near map and for the far one, and the values,
     in float32. While decoding, the layer's `Turned` keeps them: a decoded token turns the keys it
     adds; anything else (another prompt, policy or length) turns every key again."""
@@ -34,7 +32,7 @@ def turned_keys(rotary: Rotary, layer: int, key: torch.Tensor, value: torch.Tens
     start = kept.n if kept is not None and kept.holds(value, policy, inv) else 0
     pos = torch.arange(start, tk, device=key.device)
     new_key, new_value = key[:, :, start:].float(), value[:, :, start:].float()
-    near, far = turn_at(new_key, pos, inv), far_keys(new_key, pos, inv, policy)
+    near, far = turn_at(new_key, pos, inv), policy.far_keys(new_key, pos, inv)
     if rotary.turned is None:
         return near, far, new_value
     if not start:
@@ -63,7 +61,7 @@ def two_map_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     qpos = rotary.positions.to(query.device)
     kpos = torch.arange(key.shape[2], device=query.device)
     inv = rotary.inv.to(query.device)
-    policy = dpe_ready(rotary.scaling, len(inv), rotary.length, rotary.train_len)  # DPE's scales set
+    policy = rotary.scaling.ready(len(inv), rotary.length, rotary.train_len)  # DPE's scales set
     window = policy.neighbour_window(rotary.train_len)
     fused = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None) if query.device.type == "cpu" else None
     b, h, tq, _ = query.shape
@@ -81,7 +79,7 @@ def two_map_attention(module, query, key, value, attention_mask, dropout=0.0, sc
         if fused is not None and c - a == len(qp):
             far_end, near_start = max(0, a - window + 1), max(0, c - window)
             if far_end:
-                parts.append(_grouped(fused, far_queries(q, qp, inv, policy, window), far_k[:, :, :far_end],
+                parts.append(_grouped(fused, policy.far_queries(q, qp, inv, window), far_k[:, :, :far_end],
                                       value[:, :, :far_end], scaling))
             if a + 1 > near_start:
                 parts.append(_grouped(fused, turn_at(q, qp, inv), near_k[:, :, near_start: a + 1],
@@ -108,8 +106,7 @@ def dope_attention(module, query, key, value, attention_mask, dropout=0.0, scali
     rotary: Rotary = module.posbench_rotary
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, 1).float(), value.repeat_interleave(groups, 1).float()
-    policy = rotary.scaling
-    q, k, _ = dope_qk(query.float(), key, policy.heads, policy.rank, module.layer_idx)
+    q, k = rotary.scaling.heads(query.float(), key, module.layer_idx)
     if q.shape[2] == k.shape[2]:
         out = F.scaled_dot_product_attention(q, k, value, is_causal=True, scale=scaling)
     else:

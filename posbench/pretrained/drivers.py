@@ -21,7 +21,7 @@ from posbench.extension import columns as extension_columns
 from posbench.progress import Bar
 from posbench.probes import parse_probe
 from posbench.probing import counts, verdict_columns
-from posbench.policies import RopeScaling
+from posbench.policies import Policy, refuse_stale
 from posbench.pretrained.loading import load
 from posbench.pretrained.model import Pretrained, distinct, memory_line, policies, token_stream
 from posbench.pretrained.resume import judge_prompt, kept_prompts, kept_rows
@@ -52,18 +52,21 @@ def extrapolate(spec: str, cfg: EvalConfig, data: str, out: Path, task: str, pro
                 **results.provenance(m.device.type, m.dtype, fingerprint)}
     for table in ("windows", "extrapolation", "positions"):
         results.read_rows(results.table_path(out, table))  # a damaged table fails before any is written
+    refuse_stale(results.read_rows(results.table_path(out, "extrapolation")), scalings,
+                 str(results.table_path(out, "extrapolation")))
     rows = []
     scored: dict[tuple, tuple] = {}  # distinct forwards -> (total, count, starts, window losses, label)
-    valid = token_stream(m, data, "valid")[0] if any(s.kind == "dpe" for s in scalings) else None
+    valid = token_stream(m, data, "valid")[0] if any(s.detects for s in scalings) else None
     with Bar(progress) as bar:
         for scaling in scalings:
             m.set_scaling(scaling)
             for length in cfg.lengths:
                 row = {**base_row, "eval_len": length, "ratio": length / m.train_len, "stride": stride_for(cfg, length),
-                       "scaling": scaling.label, "extension": "none", "backend": m.backend}
+                       "scaling": scaling.label, "extension": "none", "backend": m.backend,
+                       **scaling.provenance()}
                 key = distinct(m, scaling, length)
                 reason = ""
-                if scaling.kind == "dpe":  # DPE's scales at this length, on validation windows of the corpus
+                if scaling.detects:  # DPE's scales at this length, on validation windows of the corpus
                     reason = dpe_note(detect_dpe(m, m.set_scaling, scaling, m.rotary.dim // 2, m.train_len, length,
                                                  detection_windows(valid, length, cfg.dpe_windows)))
                 if key in scored:
@@ -117,7 +120,7 @@ def model_row(m: Pretrained, cfg: ProbesConfig, task: str, probe: str, spec: str
             **results.provenance(m.device.type, m.dtype, f"{m.tokenizer.__class__.__name__}-{m.sha256[:12]}{corpus}")}
 
 
-def judge_prompts(m: Pretrained, scalings: list[RopeScaling], prompts: dict[tuple, list], verdicts, base_row: dict,
+def judge_prompts(m: Pretrained, scalings: list[Policy], prompts: dict[tuple, list], verdicts, base_row: dict,
                   out: Path, progress: bool, variant_label=str, cell_columns=None,
                   tokens_of=None, resume: bool = False) -> list[dict]:
     """probes.csv rows of a pretrained model: every policy x (length, variant) of `prompts`, each
@@ -146,7 +149,7 @@ def judge_prompts(m: Pretrained, scalings: list[RopeScaling], prompts: dict[tupl
                                              for c, r in zip(cells, old)}, scaling.label))
                     group += old
                     continue
-                detected = dpe_on_prompt(m, scaling, tokens_of(prompts[cells[0]][0])) if scaling.kind == "dpe" else ""
+                detected = dpe_on_prompt(m, scaling, tokens_of(prompts[cells[0]][0])) if scaling.detects else ""
                 if key not in judged:
                     bar.start(f"{base_row['probe']} {scaling.label} {n}", sum(len(prompts[c]) for c in cells))
                     judged[key] = ({}, scaling.label)
@@ -161,7 +164,7 @@ def judge_prompts(m: Pretrained, scalings: list[RopeScaling], prompts: dict[tupl
                 for cell in cells:
                     c = judged[key][0][cell]
                     group.append({**base_row, "eval_len": n, "ratio": n / m.train_len, "variant": variant_label(cell[1]),
-                                  "trials": len(prompts[cell]), "scaling": scaling.label, "extension": "none",
+                                  "trials": len(prompts[cell]), "scaling": scaling.label, "extension": "none", **scaling.provenance(),
                                   "backend": m.backend, **c, **verdict_columns(c), "status": "ok", "reason": reason,
                                   **(cell_columns(cell) if cell_columns else {})})
                 results.merge_rows(out, "probes", group)
@@ -169,7 +172,7 @@ def judge_prompts(m: Pretrained, scalings: list[RopeScaling], prompts: dict[tupl
     return rows
 
 
-def dpe_on_prompt(m: Pretrained, scaling: RopeScaling, tokens: list[int]) -> str:
+def dpe_on_prompt(m: Pretrained, scaling: Policy, tokens: list[int]) -> str:
     """DPE's scales detected on one prompt's tokens (its next-token losses), set on the model; the
     note its rows carry."""
     window = torch.tensor(tokens)[None]

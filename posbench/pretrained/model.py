@@ -15,9 +15,8 @@ from torch import nn
 from posbench.config import EvalConfig
 from posbench.data import load_corpus
 from posbench.errors import PosbenchError
-from posbench.evaluate import (ATTN_BYTES, scaling_of)
-from posbench.policies import TWO_MAPS, RopeScaling
-from posbench.policies.dpe import dpe_ready
+from posbench.evaluate import ATTN_BYTES
+from posbench.policies import Policy, from_eval
 from posbench.pretrained.attention import DOPE_ATTENTION, TWO_MAP_ATTENTION
 from posbench.pretrained.rotary import Rotary
 
@@ -52,19 +51,19 @@ class Pretrained:
     def train_len(self) -> int:
         return self.rotary.train_len
 
-    def set_scaling(self, scaling: RopeScaling) -> None:
-        pairs = self.rotary.dim // 2
-        if scaling.kind == "longrope" and len(scaling.factors) != pairs:
-            raise PosbenchError(f"longrope needs {pairs} factors for {self.name} (one per rotated pair), "
-                                f"got {len(scaling.factors)}")
-        dpe_ready(scaling, pairs, self.train_len, self.train_len)  # more DPE scales than pairs: refused
+    def set_scaling(self, scaling: Policy) -> None:
+        try:
+            scaling.check(self.rotary.dim // 2, self.train_len)  # longrope's count, DPE's scales
+        except PosbenchError as e:
+            raise PosbenchError(f"{self.name}: {e}") from None
         self.rotary.scaling = scaling
-        attention = {"dope": DOPE_ATTENTION}.get(scaling.kind, TWO_MAP_ATTENTION if scaling.kind in TWO_MAPS else "sdpa")
+        attention = (DOPE_ATTENTION if scaling.masks_heads else TWO_MAP_ATTENTION if scaling.merges_maps
+                     else "sdpa")
         self.model.set_attn_implementation(attention)
 
     @property
     def backend(self) -> str:
-        return "explicit" if self.rotary.scaling.kind in TWO_MAPS else "sdpa"
+        return "explicit" if self.rotary.scaling.merges_maps else "sdpa"
 
     def memory(self, length: int, decoding: bool = False) -> tuple[float, float]:
         """(weights, peak activations) in bytes, estimated for one window of `length` tokens, or for a
@@ -78,9 +77,9 @@ class Pretrained:
         # two maps: keys and values in float32, the keys turned for each map, a block's scores (while
         # decoding, each layer keeps its turned keys and values: `Turned`); dope: keys and values
         # repeated over the heads, and Gaussian q and k beside them
-        kind = self.rotary.scaling.kind
-        attention = 4 * kv + ATTN_BYTES if kind in TWO_MAPS else 6 * keys if kind == "dope" else 2 * keys * size // 4
-        cache = c.num_hidden_layers * kv * (2 * size // 4 + 3 * (kind in TWO_MAPS)) if decoding else 0
+        two_maps, heads = self.rotary.scaling.merges_maps, self.rotary.scaling.masks_heads
+        attention = 4 * kv + ATTN_BYTES if two_maps else 6 * keys if heads else 2 * keys * size // 4
+        cache = c.num_hidden_layers * kv * (2 * size // 4 + 3 * two_maps) if decoding else 0
         return weights, per_token * length + attention + cache + 3 * 4 * LOGIT_CHUNK * c.vocab_size
 
     @property
@@ -125,9 +124,9 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def memory_line(m: Pretrained, scalings: list[RopeScaling], length: int, decoding: bool = False) -> str:
+def memory_line(m: Pretrained, scalings: list[Policy], length: int, decoding: bool = False) -> str:
     """What the longest window (`decoding`: prompt, decoded greedily) takes, said before any runs."""
-    worst = max(scalings, key=lambda s: 2 if s.kind in TWO_MAPS else s.kind == "dope")
+    worst = max(scalings, key=lambda s: 2 if s.merges_maps else s.masks_heads)
     saved = m.rotary.scaling
     m.rotary.scaling = worst
     weights, peak = m.memory(length, decoding)
@@ -149,11 +148,11 @@ def token_stream(m: Pretrained, spec: str, split: str = "test") -> tuple[torch.T
     return torch.tensor(ids), corpus.fingerprint
 
 
-def distinct(m: Pretrained, scaling: RopeScaling, length: int) -> tuple:
+def distinct(m: Pretrained, scaling: Policy, length: int) -> tuple:
     """What the forward of a window depends on under `scaling`: policies that give the same
     frequencies and attention factor at this length (every rescaling at s = 1) score alike; the
     policies that form their own attention (two maps, dope) never share."""
-    if scaling.kind in (*TWO_MAPS, "dope"):
+    if scaling.explicit:
         return (scaling, length)
     saved, m.rotary.scaling, m.rotary.length = m.rotary.scaling, scaling, length
     inv, mscale = m.rotary.frequencies()
@@ -161,10 +160,10 @@ def distinct(m: Pretrained, scaling: RopeScaling, length: int) -> tuple:
     return (inv.numpy().tobytes(), mscale, length)
 
 
-def policies(m: Pretrained, eval_cfg: EvalConfig) -> list[RopeScaling]:
+def policies(m: Pretrained, eval_cfg: EvalConfig) -> list[Policy]:
     """The distinct policies of `eval_cfg`, each set once on the model so that a bad longrope
     count fails before any prompt."""
-    scalings = list(dict.fromkeys(scaling_of(k, eval_cfg) for k in eval_cfg.rope_scaling))
+    scalings = list(dict.fromkeys(from_eval(k, eval_cfg) for k in eval_cfg.rope_scaling))
     for s in scalings:
         m.set_scaling(s)
     return scalings

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from posbench.policies import TWO_MAPS, RopeScaling
+from posbench.policies import Policy, make
 from posbench.policies.frequencies import rope_frequencies
 
 
@@ -24,7 +24,7 @@ class Rotary(nn.Module):
     def __init__(self, dim: int, base: float, train_len: int):
         super().__init__()
         self.dim, self.base, self.train_len = dim, base, train_len
-        self.scaling = RopeScaling()
+        self.scaling = make()
         self.length = train_len
         self.positions: torch.Tensor | None = None  # (T,) the positions of the latest forward
         self.inv = torch.zeros(0)
@@ -37,7 +37,7 @@ class Rotary(nn.Module):
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor):
         inv, mscale = self.frequencies()
         self.positions, self.inv = position_ids[0], inv
-        if self.scaling.kind in TWO_MAPS:
+        if self.scaling.merges_maps:
             ones = torch.ones(*position_ids.shape, self.dim, dtype=x.dtype, device=x.device)
             return ones, torch.zeros_like(ones)
         angle = position_ids.double()[..., None] * inv.to(x.device)  # (B, T, D/2), float64 as posbench's tables
@@ -51,14 +51,14 @@ class Turned:
     `n` filled: kept across the decoded tokens of one prompt (`Pretrained.greedy`), so that each
     token turns its own key only, not every cached one again."""
 
-    scaling: RopeScaling
+    scaling: Policy
     inv: torch.Tensor
     near: torch.Tensor
     far: torch.Tensor
     value: torch.Tensor
     n: int
 
-    def holds(self, value: torch.Tensor, scaling: RopeScaling, inv: torch.Tensor) -> bool:
+    def holds(self, value: torch.Tensor, scaling: Policy, inv: torch.Tensor) -> bool:
         """Whether these are the first `n` of `value`'s keys (B, Hkv, Tk, D), turned as asked."""
         n = self.n
         return (self.scaling == scaling and torch.equal(self.inv, inv) and 0 < n < value.shape[2] <= self.value.shape[2]

@@ -1,7 +1,7 @@
 """DoPE, the `dope` eval-time policy (Xiong et al. 2025, "DoPE: Denoising Rotary Position
 Embedding", arXiv:2511.09146): heads whose keys after RoPE are near rank one (low truncated matrix
 entropy) are taken for noisy, and their attention map is reparameterized by an isotropic Gaussian.
-Training-free and without parameters of its own; posbench's settings (`RopeScaling.heads`, `rank`)
+Training-free and without parameters of its own; posbench's settings (the dope policy's `heads`, `rank`)
 are stated where the paper's text was not reachable, in posbench/docs/extension.md.
 
 Truncated matrix entropy of a head's keys K (T x D), as UNComp (Xiong et al. 2024, by DoPE's first

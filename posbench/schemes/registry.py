@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from posbench import plugins
 from posbench.errors import PosbenchError, did_you_mean
-from posbench.schemes.base import HOOKS, Range, Scheme
+from posbench.ranges import check_ranges
+from posbench.schemes.base import HOOKS, Scheme
 
 SCHEMES: dict[str, type[Scheme]] = {}
 PARAM_TYPES = (bool, int, float, str)  # what `--param KEY=VALUE` can be cast to
@@ -28,15 +29,7 @@ def register(cls: type[Scheme]) -> type[Scheme]:
         if type(value) not in PARAM_TYPES:
             raise PosbenchError(f"scheme {name!r}: parameter {key} has a default of type "
                                 f"{type(value).__name__}; parameters are bool, int, float or str")
-    for key, allowed in cls.ranges.items():
-        if key not in cls.defaults:
-            raise PosbenchError(f"scheme {name!r} declares a range for {key!r}, which is not one of its parameters")
-        if not isinstance(allowed, Range):
-            raise PosbenchError(f"scheme {name!r}: the range of {key} must be a posbench.schemes.Range "
-                                "(positive, at_least(1), between(0, 1), one_of(...), ...)")
-        if not allowed.holds(cls.defaults[key]):
-            raise PosbenchError(f"scheme {name!r}: the default {key}={cls.defaults[key]!r} is outside its "
-                                f"range (must be {allowed.says})")
+    check_ranges(f"scheme {name!r}", "parameters", cls.defaults, cls.ranges)
     if any(c in name for c in ",/@+*: "):
         raise PosbenchError(f"scheme name {name!r} holds one of , / @ + * : or a space, which layouts use")
     if name in SCHEMES:

@@ -13,12 +13,10 @@ import math
 import torch
 
 from posbench.errors import PosbenchError
-from posbench.policies import LOGIT_POLICIES, SCALINGS, RopeScaling
-from posbench.policies.dpe import dpe_ready
+from posbench import policies
 from posbench.policies.frequencies import rope_frequencies
 from posbench.policies.rotation import rotate_half
 from posbench.policies.two_maps import two_map_scores
-from posbench.schemes.dope import dope_qk
 from posbench.schemes.base import Scheme, between, frequency_base, one_of
 from posbench.schemes.registry import register
 from posbench.schemes.tables import GrowingTable, position_count
@@ -53,10 +51,10 @@ class RoPE(Scheme):
     m * theta_t, theta_t = base^(-2t/r); k likewise at n; so q.k depends on m - n only.
     `fraction` p (GPT-NeoX `rotary_pct`, GPT-J `rotary_dim`): only the first r = floor(p * D) dims
     of each head rotate, with the spectrum of an r-dim head; the other D - r pass through.
-    Eval-time scaling (`--rope-scaling`): pi, ntk, dynamic-ntk, yarn, llama3, freq-band (see
-    `rope_frequencies`), computed over the r rotated dims as transformers does; self-extend,
-    rerope and dpe merge two logit maps, dope replaces its noisy heads' q and k (`logits`, the
-    explicit path). A child fine-tuned with a rescaling
+    Eval-time policies (`--rope-scaling`, posbench.policies): pi, ntk, dynamic-ntk, yarn, llama3,
+    freq-band and a plug-in's frequencies (see `rope_frequencies`), computed over the r rotated
+    dims as transformers does; self-extend, rerope and dpe merge two logit maps, dope replaces its
+    noisy heads' q and k (`logits`, the explicit path). A child fine-tuned with a rescaling
     (pi, ntk, yarn, longrope: posbench.extending) keeps it as its `trained` scaling. q, k (B, H, T, D)."""
 
     name = "rope"
@@ -69,7 +67,7 @@ class RoPE(Scheme):
     reference = "Su et al. 2021, arXiv:2104.09864; fraction: GPT-NeoX rotary_pct (Black et al. 2022, arXiv:2204.06745)"
     extrapolates = "yes"
     notes = ("half-split (NeoX) pairs; fraction p rotates the first floor(p*D) dims at base^(-2t/r); "
-             "eval-time scaling " + ", ".join(SCALINGS[1:]) + "; extend's longrope is long-factors-only "
+             "eval-time policies of `posbench schemes --policies`; extend's longrope is long-factors-only "
              "(its searched factors at every length, no short_factor up to L as transformers)")
     defaults = {"base": 10000.0, "fraction": 1.0}
     ranges = {"base": frequency_base, "fraction": between(0, 1)}
@@ -78,8 +76,8 @@ class RoPE(Scheme):
     def __init__(self, dims):
         super().__init__(dims)
         self.rotary_dim = self._rotary_dim()
-        self.scaling = RopeScaling()
-        self.trained = RopeScaling()  # the rescaling a fine-tuned child trained with (posbench.extending)
+        self.scaling = policies.make()
+        self.trained = policies.make()  # the rescaling a fine-tuned child trained with (posbench.extending)
         self._tables: dict[tuple, GrowingTable] = {}
 
     def _rotary_dim(self) -> int:
@@ -92,22 +90,18 @@ class RoPE(Scheme):
                                 f"= {r} dims of the head; r must be even")
         return r
 
-    def set_scaling(self, scaling: RopeScaling) -> None:
-        """An eval-time scaling; "none" is the one the model trained with (a child's rescaling)."""
-        if scaling.kind == "longrope" and len(scaling.factors) != self.rotary_dim // 2:
-            raise PosbenchError(f"{self.name}: longrope needs {self.rotary_dim // 2} factors (one per rotated "
-                                f"pair), got {len(scaling.factors)}")
-        if scaling.kind == "self-extend" and scaling.neighbour_window(self.dims.train_len) % scaling.group:
-            raise PosbenchError(f"self-extend: the window {scaling.neighbour_window(self.dims.train_len)} must be "
-                                f"divisible by the group {scaling.group} (else positions are fractional)")
-        if scaling.kind == "dpe":
-            dpe_ready(scaling, self.rotary_dim // 2, self.dims.train_len, self.dims.train_len)  # too many scales: refused
-        self.scaling = self.trained if scaling.kind == "none" else scaling
-        # The two-map policies read q and k unrotated and build the logits themselves; dope forms
-        # them from q and k turned and its noisy heads replaced.
-        self.hooks = ("logits",) if self.scaling.kind in LOGIT_POLICIES else type(self).hooks
+    def set_scaling(self, scaling: policies.Policy) -> None:
+        """An eval-time policy; "none" is the one the model trained with (a child's rescaling)."""
+        try:
+            scaling.check(self.rotary_dim // 2, self.dims.train_len)
+        except PosbenchError as e:
+            raise PosbenchError(f"{self.name}: {e}") from None
+        self.scaling = self.trained if scaling.name == "none" else scaling
+        # The two-map policies read q and k unrotated and build the logits themselves; a policy
+        # that masks heads (dope) forms them from q and k turned and its heads replaced.
+        self.hooks = ("logits",) if self.scaling.explicit else type(self).hooks
 
-    def set_trained_scaling(self, scaling: RopeScaling) -> None:
+    def set_trained_scaling(self, scaling: policies.Policy) -> None:
         """The rescaling this model was fine-tuned with: applied in training and at evaluation."""
         self.trained = scaling
         self.set_scaling(scaling)
@@ -125,9 +119,9 @@ class RoPE(Scheme):
         # Under compile the reserved bound stands for the length where the frequencies ignore it.
         length = position_count(pos, self.position_bound if self.scaling.fixed else None)
         train_len = self.dims.train_len
-        # The frequencies depend on the length through s, and dynamic NTK also on the length itself.
-        grown = max(length, train_len) if self.scaling.kind == "dynamic-ntk" else 0
-        key = (self.scaling, self.scaling.scale(length, train_len), grown)
+        # The frequencies depend on the length through what the policy's table_key says (s; dynamic
+        # NTK's length itself; a plug-in's the length).
+        key = (self.scaling, self.scaling.table_key(length, train_len))
         if key not in self._tables:
             self._tables[key] = self.build_table(length)
         cos_sin = self._tables[key](pos, self.position_bound)  # (T, 2, r/2)
@@ -152,11 +146,11 @@ class RoPE(Scheme):
         """Self-Extend, ReRoPE or DPE (posbench/docs/extension.md): q, k (B, H, T, D) unrotated ->
         scores (B, H, T, T), the neighbour map (plain RoPE) where i - j < W, the other map beyond;
         DoPE: q.k of q and k turned by `ctx`, the noisy heads' replaced (posbench.schemes.dope)."""
-        if self.scaling.kind == "dope":
-            q, k, _ = dope_qk(self.turn(q, *ctx), self.turn(k, *ctx), self.scaling.heads, self.scaling.rank, layer)
+        if self.scaling.masks_heads:
+            q, k = self.scaling.heads(self.turn(q, *ctx), self.turn(k, *ctx), layer)
             return q @ k.transpose(-1, -2) * self.qk_scale
         length = position_count(pos, self.position_bound if self.scaling.fixed else None)
-        s = dpe_ready(self.scaling, self.rotary_dim // 2, length, self.dims.train_len)
+        s = self.scaling.ready(self.rotary_dim // 2, length, self.dims.train_len)
         inv, _ = self.frequencies(length)
         window = s.neighbour_window(self.dims.train_len)
         return two_map_scores(q, k, pos, pos, inv, s, window) * self.qk_scale
@@ -295,7 +289,7 @@ class RopePP(RoPE):
             raise PosbenchError(f"rope-pp variant=eh pairs each real head with an imaginary one: n_heads must be "
                                 f"even, got {self.n_heads} (variant=ec takes any)")
 
-    def set_scaling(self, scaling: RopeScaling) -> None:
+    def set_scaling(self, scaling: policies.Policy) -> None:
         super().set_scaling(scaling)
         if self.equal_cache:  # the two-map policies' logits hook reads the 2H paired heads too
             self.hooks = (*self.hooks, "heads")

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posbench.errors import PosbenchError
-from posbench.policies import RopeScaling
+from posbench import policies
 from posbench.policies.frequencies import rope_frequencies
 from posbench.policies.rotation import rotate_half
 from posbench.schemes.base import Scheme, at_least, between, frequency_base, positive, size
@@ -212,7 +212,7 @@ class XPos(Scheme):
         super().__init__(dims)
         if self.head_dim % 2:
             raise PosbenchError(f"{self.name} needs an even head dimension, got {self.head_dim}")
-        inv, _ = rope_frequencies(self.head_dim, self.p["base"], dims.train_len, RopeScaling(), 0)
+        inv, _ = rope_frequencies(self.head_dim, self.p["base"], dims.train_len, policies.make(), 0)
         self.table = angle_table(inv)
 
     def prepare(self, pos):
@@ -507,7 +507,7 @@ class RePo(Scheme):
         self.gate_map = weights(width, d)
         self.content_map = weights(width, d)
         self.final_map = weights(dims.n_heads, width)
-        inv, _ = rope_frequencies(self.head_dim, self.p["base"], dims.train_len, RopeScaling(), 0)
+        inv, _ = rope_frequencies(self.head_dim, self.p["base"], dims.train_len, policies.make(), 0)
         self.table = angle_table(inv)  # the integer layers, as rope's
         self.register_buffer("inv_freq", inv.float(), persistent=False)  # (D/2,)
 
