@@ -33,10 +33,10 @@ from posbench.tables.common import PathLike
 from posbench.tables.extend_tables import extend
 from posbench.tables.headline_table import headline
 from posbench.tables.pretrained_tables import pretrained, pretrained_perplexity, pretrained_ruler
-from posbench.tables.probe_tables import probes, sweep_records, sweep_table, width_line
+from posbench.tables.probe_tables import holding_cell, probes, steps_cell, sweep_records, sweep_table, width_line
 
-__all__ = ["TABLES", "attention", "extend", "headline", "options", "pretrained", "pretrained_perplexity",
-           "pretrained_ruler", "probes", "speed", "sweep_records", "sweep_table", "table", "width_line"]
+__all__ = ["TABLES", "attention", "extend", "headline", "holding_cell", "options", "pretrained", "pretrained_perplexity",
+           "pretrained_ruler", "probes", "speed", "steps_cell", "sweep_records", "sweep_table", "table", "width_line"]
 
 
 # ---- the one entry point ------------------------------------------------------------------------
