@@ -39,6 +39,7 @@ def flex_and_explicit(scheme, flex_fn, pos, head_dim=D):
     return out, ref
 
 
+@pytest.mark.slow
 @needs_flex
 @pytest.mark.parametrize("name", FLEX)
 def test_score_mod_equals_explicit_bias_and_gradients(name):
@@ -64,6 +65,7 @@ def test_score_mod_equals_explicit_bias_and_gradients(name):
                     assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), (a - b).abs().max()
 
 
+@pytest.mark.slow
 @needs_flex
 @pytest.mark.parametrize("name", ["t5", "tupe"])
 @pytest.mark.parametrize("t", [T, 200])  # 200: five times the training length, past max_distance 128
@@ -149,6 +151,7 @@ def cpu_compiler() -> bool:
     return any(shutil.which(c) for c in ("g++", "c++", "clang++"))
 
 
+@pytest.mark.slow
 @needs_flex
 @pytest.mark.skipif(not cpu_compiler(), reason="compiled FlexAttention on CPU needs a C++ compiler")
 @pytest.mark.parametrize("name", ["alibi", "t5"])
@@ -201,6 +204,7 @@ def test_flex_on_cuda_agrees_with_explicit_forward_and_gradients(name):
                 assert torch.allclose(pa.grad, pb.grad, atol=1e-4, rtol=1e-3), n
 
 
+@pytest.mark.slow
 @needs_flex
 @pytest.mark.parametrize("name", FLEX + ["rope+sink", "alibi+sink", "rope@w"])
 def test_flex_backward_graphs_pass_cuda_compiler_check_and_gradients_agree(name):

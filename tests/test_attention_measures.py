@@ -100,6 +100,7 @@ def runs(tiny_data, tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow
 def test_attention_rows_keyed_and_merged_without_duplicates(runs, tmp_path):
     cfg = EvalConfig(lengths=(16, 32), tokens=64)
     rows = extrapolate(runs, cfg, out=tmp_path, device="cpu", attention=True)
@@ -119,6 +120,7 @@ def test_attention_rows_keyed_and_merged_without_duplicates(runs, tmp_path):
     assert {r["backend"] for r in rows} == {"sdpa-causal", "explicit"}
 
 
+@pytest.mark.slow
 def test_extrapolate_attention_cli(runs, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["extrapolate", "--runs-dir", str(runs), "--lengths", "16,64", "--tokens", "64", "--device", "cpu",
@@ -139,6 +141,7 @@ def test_extrapolate_attention_cli(runs, tmp_path, capsys):
     assert len(results.read_rows(out / "attention.csv")) == len(rows)  # without --attention: untouched
 
 
+@pytest.mark.slow
 def test_report_merges_attention_tables_of_shards_without_duplicates(runs, tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     extrapolate(runs, EvalConfig(lengths=(16,), tokens=64), ["rope"], out=a, device="cpu", attention=True)

@@ -253,6 +253,7 @@ def test_report_merge_into_a_folder_with_a_junk_provenance_merges_nothing(junk, 
     assert snapshot(mine) == before
 
 
+@pytest.mark.slow
 def test_report_merge_records_the_merged_folders(capsys, tmp_path):
     """provenance.json's `merged`: each folder merged, with what made it (and what was merged into
     it before: a chain of merges keeps every link) and the rows it brought."""
@@ -401,6 +402,7 @@ def test_train_len_longer_than_the_training_split(trained, capsys, tmp_path):
 
 # --- Ctrl-C ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module, said", [
     ("typer", "interrupted: while starting; nothing was read or written"),  # the command line itself
     ("torch", "interrupted: stopped before the command finished; what it had written is kept"),  # a command
@@ -511,6 +513,7 @@ def test_ctrl_c_during_training_is_one_line_and_130(trained, capsys, tmp_path, m
         assert "had no checkpoint yet" in line and left == []
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_exiting_is_no_traceback(tmp_path):
     """A Ctrl-C that lands after the command's last line, while Python shuts down: the command's
     output and exit status stand, and no traceback follows."""
@@ -674,6 +677,7 @@ def test_hf_unreachable_hub_without_offline_flags(capsys, tmp_path, monkeypatch)
 
 # --- training -------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_nan_run_does_not_stop_the_grid(corpus_dir, capsys, tmp_path, monkeypatch):
     """Design: the diverged run is recorded as failed in runs.csv, the others are trained,
     evaluated and reported, and `posbench run` exits 1 naming the failed run."""
@@ -693,6 +697,7 @@ def test_a_nan_run_does_not_stop_the_grid(corpus_dir, capsys, tmp_path, monkeypa
     assert runs["rope"]["run_id"] in (out / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_kernel_that_fails_in_training_does_not_stop_the_grid(corpus_dir, capsys, tmp_path, monkeypatch):
     """A step the device's kernels refuse (as CUDA's compiler refused a FlexAttention backward):
     that run is recorded as failed with the error's first line, the others go on; out of memory

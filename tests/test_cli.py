@@ -18,6 +18,7 @@ TINY = ["--train-len", "16", "--steps", "4", "--batch-size", "4", "--d-model", "
         "--heads", "2", "--tokenizer", "bytes", "--device", "cpu"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["train", "--scheme", "rpoe"], "did you mean 'rope'"),
     (["train", "--scheme", "rope", "--steps", "0"], "steps must be > 0"),
@@ -103,6 +104,7 @@ def test_train_end_to_end(corpus_dir, tmp_path, capsys):
     assert len(results.read_rows(tmp_path / "runs.csv")) == 1
 
 
+@pytest.mark.slow
 def test_train_corrupt_checkpoint_cli(corpus_dir, tmp_path):
     args = ["train", "--scheme", "rope", "--data", f"files:{corpus_dir}", "--runs-dir", str(tmp_path), *TINY]
     assert main(args) == 0
@@ -113,6 +115,7 @@ def test_train_corrupt_checkpoint_cli(corpus_dir, tmp_path):
     assert proc.returncode == 2 and "corrupt checkpoint" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_speed_end_to_end(tmp_path, capsys):
     args = ["speed", "--schemes", "alibi,rope", "--lengths", "16,32", "--heads", "2", "--head-dim", "8",
             "--repeats", "2", "--device", "cpu", "--out", str(tmp_path)]
@@ -126,6 +129,7 @@ def test_speed_end_to_end(tmp_path, capsys):
     assert main(["speed", "--schemes", "alibbi"]) == 2
 
 
+@pytest.mark.slow
 def test_layouts_train_extrapolate_and_speed_end_to_end(corpus_dir, tmp_path, capsys):
     """A preset and a free-form layout go through train, extrapolate and speed; rows name them."""
     common = ["--data", f"files:{corpus_dir}", "--runs-dir", str(tmp_path), *TINY, "--layers", "4"]

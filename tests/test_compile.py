@@ -16,6 +16,7 @@ from posbench.schemes import SCHEMES
 from posbench.schemes.base import PositionLimitError
 from posbench.device import TrainingForward
 
+pytestmark = pytest.mark.slow  # a graph traced per scheme, seconds each: the fast tier (-m 'not slow') leaves it out
 T, BOUND = 16, 64
 # learned and tupe hold a table of max_position (T) rows; recurrent integrates its positions step
 # by step, which dynamo unrolls (23 s at 64): these take the bound T.

@@ -9,6 +9,7 @@ from posbench.data import DataConfig, load_tokens
 from posbench.errors import PosbenchError
 
 
+@pytest.mark.slow
 def test_stdlib_files_exclude_site_packages_and_are_sorted():
     root, files = data.stdlib_files()
     rel = [p.relative_to(root).as_posix() for p in files]

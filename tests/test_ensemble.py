@@ -296,6 +296,7 @@ seeds = [0, 1, 2]
 """ + TINY_TASK
 
 
+@pytest.mark.slow
 def test_run_groups_the_seeds_of_each_scheme(corpus_dir, tmp_path, capsys):
     path = tmp_path / "tinyensemble.toml"
     path.write_text(TASK.format(corpus=corpus_dir))

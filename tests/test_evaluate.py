@@ -147,6 +147,7 @@ def test_dynamic_ntk_with_a_factor_and_llama3_rows(trained):
     assert loss[(64, "llama3:4(low=1,high=2)")] != loss[(64, "none")]
 
 
+@pytest.mark.slow
 def test_llama3_bounds_from_the_command_line(trained, tmp_path, capsys):
     args = ["extrapolate", "--runs-dir", str(trained), "--lengths", "32", "--tokens", "64", "--scheme", "rope",
             "--rope-scaling", "llama3", "--llama3-low", "1", "--llama3-high", "2", "--device", "cpu",
@@ -168,6 +169,7 @@ def test_repeated_extrapolate_never_duplicates(trained, tmp_path):
     assert [r["loss"] for r in first] == [r["loss"] for r in second]  # deterministic
 
 
+@pytest.mark.slow
 def test_extrapolate_cli(trained, tmp_path, capsys):
     out = tmp_path / "out"
     args = ["extrapolate", "--runs-dir", str(trained), "--lengths", "16,32", "--mode", "sliding",
@@ -208,6 +210,7 @@ def test_window_losses_uncertainty_and_paired_cli(trained, tmp_path, capsys):
     assert "rope vs alibi" in text and "sliding/8" in text
 
 
+@pytest.mark.slow
 def test_a_rope_scaling_that_skips_schemes_says_so_in_one_line(trained, tiny_data, tmp_path, capsys):
     """pope and fope take no eval-time RoPE scaling: their rows are `none` only, and one line says
     which schemes took it and which did not."""

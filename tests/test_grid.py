@@ -99,6 +99,7 @@ def test_position_keys_are_the_rows_evaluation_writes(full_run, mode):
     assert statuses == {"ok", "unsupported"}  # learned has no rows beyond its table
 
 
+@pytest.mark.slow
 def test_shards_partition_the_grid_and_merge_to_the_full_rows(task_file, full_run, tmp_path):
     task = config.load_task(str(task_file))
     specs = grid(task)
@@ -122,6 +123,7 @@ def test_shards_partition_the_grid_and_merge_to_the_full_rows(task_file, full_ru
     assert main(["report", str(tmp_path / "s1"), "--threshold", "1.5"]) == 2
 
 
+@pytest.mark.slow
 def test_report_and_plots_hold_the_rows(full_run, tmp_path, monkeypatch):
     """report.md has a table row per run and per scheme variant and length, with the mean
     perplexity over seeds; extrapolation.png and positions.png, read off the figures as they are
@@ -233,6 +235,7 @@ def test_compare_gate(full_run, tmp_path, capsys):
     assert main(["compare", str(base), str(tmp_path / "nowhere")]) == 2
 
 
+@pytest.mark.slow
 def test_run_cli_end_to_end(task_file, full_run, tmp_path, capsys):
     out = tmp_path / "cli"
     assert main(["run", str(task_file), "--out", str(out), "--device", "cpu", "--no-speed", "--shard", "2/3",
@@ -346,6 +349,7 @@ def test_refresh_baseline_script(full_run, tmp_path):
     assert main(["compare", str(dest), str(src)]) == 0
 
 
+@pytest.mark.slow
 def test_speed_step_times_again_only_what_is_missing(task_file, tmp_path):
     import dataclasses
 

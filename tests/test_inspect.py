@@ -77,6 +77,7 @@ def test_learned_table_is_the_table_it_adds():
     assert torch.equal(inspection.position_vectors(learned, L), learned.table.detach())
 
 
+@pytest.mark.slow
 def test_inspect_cli_writes_the_pictures_and_the_page(tmp_path, capsys):
     out = tmp_path / "pics"
     args = ["inspect", "rope,alibi,t5,sinusoidal,fire", "--train-len", "8", "--rope-scaling", "yarn", "--out", str(out)]
@@ -108,6 +109,7 @@ def trained(tiny_data, tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow
 def test_inspect_trained_runs_draws_learned_parameters_and_measures_attention(trained, tmp_path, capsys):
     out = tmp_path / "learned"
     frame = api.inspect(runs_dir=trained, lengths="16,32", device="cpu", out=out)
@@ -130,6 +132,7 @@ def test_inspect_trained_runs_draws_learned_parameters_and_measures_attention(tr
     assert torch.allclose(decay[..., 0], torch.ones(1)) and (decay.diff(dim=-1) <= 1e-6).all()
 
 
+@pytest.mark.slow
 def test_inspect_one_run_on_the_command_line(trained, tmp_path, capsys):
     t5 = next(p.name for p in trained.iterdir() if p.name.startswith("t5-"))
     out = tmp_path / "one"

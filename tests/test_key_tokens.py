@@ -81,6 +81,7 @@ def test_key_tokens_agree_with_longppls_rule():
     assert keys.keys == len(reference)
 
 
+@pytest.mark.slow
 def test_extrapolate_writes_key_token_columns(corpus_dir, tmp_path):
     tiny = ["--train-len", "16", "--steps", "4", "--batch-size", "4", "--d-model", "32", "--layers", "1",
             "--heads", "2", "--tokenizer", "bytes", "--device", "cpu"]

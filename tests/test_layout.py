@@ -111,6 +111,7 @@ def test_block_mask_skips_blocks_outside_a_window():
     assert torch.equal(chunk.bool(), torch.eye(n, dtype=torch.bool))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("span", [Span("window", 5), Span("chunk", 8), attention.FULL])
 @pytest.mark.parametrize("scheme", ["rope", "alibi"])
 def test_paths_agree_with_explicit_with_gradients(scheme, span):

@@ -138,6 +138,7 @@ def test_schemes_lists_a_plugin_with_its_source(registry, tmp_path, monkeypatch,
     assert rows["rope"]["source"] == "built-in" and rows["my-pe"]["learned_params"] == "4"
 
 
+@pytest.mark.slow
 def test_a_plugin_trains_extrapolates_probes_and_times(registry, tmp_path, corpus_dir, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     plugin = write(tmp_path / "my_pe.py", GOOD.format(name="my-pe"))
@@ -175,6 +176,7 @@ def test_a_plugin_trains_extrapolates_probes_and_times(registry, tmp_path, corpu
     assert len(ids) == 2 and ids[0] != ids[1] and all(i.startswith("my-pe-") for i in ids)
 
 
+@pytest.mark.slow
 def test_a_task_with_plugins_runs_sharded_and_resumes(tmp_path, corpus_dir):
     """In fresh processes, as Slurm shards run: the task's plug-in path is relative to the task."""
     (tmp_path / "pe").mkdir()
@@ -209,6 +211,7 @@ def test_submit_freezes_the_plugins_beside_the_task(registry, tmp_path, corpus_d
     assert sorted(tomllib.loads(frozen.read_text())["plugins"]) == [f"plugins/{c}" for c in copies]
 
 
+@pytest.mark.slow
 def test_an_installed_distribution_is_found_without_a_flag(tmp_path):
     site = tmp_path / "site"
     (site / "my_pe_dist-0.3.dist-info").mkdir(parents=True)
@@ -296,6 +299,7 @@ def test_two_plugins_with_one_name_clash(registry, tmp_path, monkeypatch, capsys
     assert f"from {tmp_path / 'a.py'}" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_debug_shows_the_traceback(tmp_path):
     write(tmp_path / "bad.py", "import torch\n\ntorch.nope()\n")
     proc = subprocess.run([sys.executable, "-m", "posbench", "schemes", "--plugin", "bad.py", "--debug"],
@@ -303,6 +307,7 @@ def test_debug_shows_the_traceback(tmp_path):
     assert proc.returncode != 0 and "Traceback" in proc.stderr and "torch.nope()" in proc.stderr
 
 
+@pytest.mark.slow
 def test_check_passes_every_builtin_scheme_and_preset():
     from posbench import layout
 
@@ -312,6 +317,7 @@ def test_check_passes_every_builtin_scheme_and_preset():
         assert not bad, (name, bad)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source, prop", [(PEEKS, "causality"), (LENGTH_READER, "causality"),
                                           (FALSE_RELATIVE, "translation"),
                                           (NAN_PAST, "past training length"),
@@ -369,6 +375,7 @@ def test_causality_grows_the_sequence_on_every_path(registry, tmp_path, monkeypa
     assert finding.status == "fail" and "position 1 changed" in finding.detail, finding
 
 
+@pytest.mark.slow
 def test_check_of_a_good_plugin_passes_with_cost_and_graph(registry, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     write(tmp_path / "my_pe.py", GOOD.format(name="my-pe"))
@@ -379,6 +386,7 @@ def test_check_of_a_good_plugin_passes_with_cost_and_graph(registry, tmp_path, m
     assert "did you mean 'scale'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_readme_example_runs_verbatim(registry, tmp_path, monkeypatch, capsys):
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     block = readme.split("<!-- api-example -->", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
@@ -394,6 +402,7 @@ def test_the_readme_example_runs_verbatim(registry, tmp_path, monkeypatch, capsy
     assert {(r["scheme"], r["eval_len"]) for r in ppl} == {(s, n) for s in ("decay", "rope") for n in ("32", "64", "128")}
 
 
+@pytest.mark.slow
 def test_the_api_returns_frames_and_refuses_bad_input(registry, tmp_path, corpus_dir, monkeypatch):
     import pandas as pd
 
@@ -415,6 +424,7 @@ def test_the_api_returns_frames_and_refuses_bad_input(registry, tmp_path, corpus
         posbench.speed(plugins=["missing.py"])
 
 
+@pytest.mark.slow
 def test_a_scheme_that_fails_past_its_table_fails_those_lengths_only(registry, tmp_path, corpus_dir, monkeypatch,
                                                                      capsys):
     monkeypatch.chdir(tmp_path)
@@ -473,6 +483,7 @@ def test_a_plugin_that_declares_nothing_is_unknown_and_check_says_what_it_found(
     assert "position_limit()" in past.detail
 
 
+@pytest.mark.slow
 def test_probe_and_run_record_the_failed_lengths_and_go_on(registry, tmp_path, corpus_dir, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     plugin = write(tmp_path / "tablepe.py", TABLE)

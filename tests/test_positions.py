@@ -197,6 +197,7 @@ def test_schemes_of_integer_tables_refuse_real_positions_by_name(name, corpus_di
     assert f"float: {refused} of " in last
 
 
+@pytest.mark.slow
 def test_an_rfs_run_trains_and_is_evaluated_on_real_draws(corpus_dir, tmp_path):
     from posbench import results
     from posbench.cli import main

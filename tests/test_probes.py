@@ -439,6 +439,7 @@ def probe_run(tmp_path_factory):
     return path, out, run_task(config.load_task(str(path)), out, device="cpu", speed=False)
 
 
+@pytest.mark.slow
 def test_run_trains_one_model_per_probe_and_scheme_and_resumes(probe_run):
     path, out, first = probe_run
     # passkey is also the task's data: its runs are shared (and scored by probes, not perplexity)
@@ -514,6 +515,7 @@ def test_lengths_too_short_for_a_probe_are_one_line_naming_its_shortest_and_scor
     assert not out.exists()  # not even the copy runs, which fit, are scored
 
 
+@pytest.mark.slow
 def test_runs_of_an_earlier_revision_of_the_probe_are_refused_and_new_ones_train_beside(probe_run, tmp_path, monkeypatch, capsys):
     path, runs, _ = probe_run
     before = (runs / "probes.csv").read_bytes()

@@ -3,6 +3,8 @@
 import shutil
 from pathlib import Path
 
+import pytest
+
 from conftest import snapshot
 from posbench import results
 from posbench.cli import main
@@ -57,6 +59,7 @@ def test_train_keeps_a_finished_run_unless_asked_to_overwrite(tiny_data, tmp_pat
     assert main(args) == 0 and "already trained" not in capsys.readouterr().out  # not kept as finished: trained
 
 
+@pytest.mark.slow
 def test_effective_lengths_of_different_criteria_stand_side_by_side(tmp_path, capsys):
     folder = tmp_path / "results"
     shutil.copytree(BASELINE, folder)

@@ -142,6 +142,7 @@ def test_repo_positions_depend_on_content_not_on_the_index():
         assert not torch.allclose(repo_logits(scheme, x, q, k, pos, 1), repo_logits(scheme, moved, q, k, pos, 1))
 
 
+@pytest.mark.slow
 def test_repo_passes_check_and_trains_from_the_command_line(corpus_dir, tmp_path, capsys):
     assert main(["check", "repo", "--skip", "cost"]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -280,6 +281,7 @@ def test_rope_pp_equal_cache_without_its_imaginary_outputs_is_rope():
     assert torch.allclose(got, want, atol=1e-6), (got - want).abs().max()
 
 
+@pytest.mark.slow
 def test_rope_pp_equal_cache_from_the_command_line(corpus_dir, tmp_path, capsys):
     """check passes; an output gate (one unit per model head) is refused in one line; it trains."""
     assert main(["check", "rope-pp", "--param", "variant=ec", "--skip", "cost"]) == 0

@@ -80,6 +80,7 @@ def test_recurrent_starts_at_the_sinusoidal_table_at_its_defaults():
     assert norms.max() < 1.001 * math.sqrt(d / 2)  # sinusoid rows have norm sqrt(d/2)
 
 
+@pytest.mark.slow
 def test_lawson_and_plain_rk4_solve_the_same_ode_with_fourth_order_error():
     """With a non-zero MLP and frequencies up to 2, both solvers converge to one solution, and
     halving the step divides Lawson's error by about 2^4."""

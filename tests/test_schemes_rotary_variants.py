@@ -550,6 +550,7 @@ def test_accum_rope_with_unit_steps_is_rope_unless_it_turns_the_values(values):
 NEW = ("pope", "dape", "cable", "fope", "resonance", "accum-rope")
 
 
+@pytest.mark.slow
 def test_train_and_extrapolate_to_16x_from_the_command_line(corpus_dir, tmp_path):
     common = ["--data", f"files:{corpus_dir}", "--runs-dir", str(tmp_path), "--train-len", "16",
               "--steps", "3", "--batch-size", "4", "--d-model", "32", "--layers", "1", "--heads", "2",

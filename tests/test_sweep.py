@@ -176,6 +176,7 @@ def test_sweep_table_from_the_cli(tmp_path, capsys):
     assert "give --task too" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_grid_reuses_rows_merged_from_another_folder(tmp_path, capsys):
     path = tmp_path / "tinysweep.toml"
     path.write_text(SWEEP)

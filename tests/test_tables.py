@@ -201,6 +201,7 @@ def test_every_documented_table_command_names_a_table_and_its_options():
         assert dirs, f"{page.relative_to(REPO)}: `{command}` names no folder"
 
 
+@pytest.mark.slow
 def test_the_documented_commands_on_committed_folders_give_the_readme_tables():
     """`posbench table NAME results/...` lines in a README: run as written, their tables are there."""
     checked = 0
@@ -313,6 +314,7 @@ def test_a_verdict_that_rests_on_cross_kind_pairs_says_so():
     assert same[("a", "b", "x", "2x")]["same kind"] == "16 of 16"
 
 
+@pytest.mark.slow
 def test_committed_pairs_read_benjamini_hochberg_and_machine_kinds():
     rows = pair_rows(table("probes", RESULTS / "probes/seeds", task="probe-seeds", ratios="2,4,8", pairs=SEED_PAIRS))
     # fox over rope on passkey at 2x: its interval [+0, +50] clears zero (it read "holds"), p 0.051
@@ -321,6 +323,7 @@ def test_committed_pairs_read_benjamini_hochberg_and_machine_kinds():
     assert fox["same kind"] == "9 of 16: does not hold"  # 7 of its 16 pairs are runs of two kinds
 
 
+@pytest.mark.slow
 def test_the_table_over_seeds_shows_both_gates_for_learned():
     text = table("probes", RESULTS / "probes/seeds", seeds=True, task="probe-seeds")
     lines = markdown_tables(text)[0].splitlines()

@@ -61,6 +61,7 @@ def test_train_writes_run_and_row(tiny_data, tmp_path):
     assert spec.run_id == result.run_id and vocab == 257
 
 
+@pytest.mark.slow
 def test_loss_falls_with_training(tiny_data, tmp_path):
     spec = spec_for(tiny_data, steps=150, eval_interval=150, lr=1e-2, warmup=10, batch_size=8)
     result = train(spec, tmp_path, device="cpu", progress=False)
@@ -142,6 +143,7 @@ def test_warmup_then_cosine():
     assert lr_at(t.steps, t) == pytest.approx(0.1 * t.lr)
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_match_one(corpus_dir, tmp_path):
     """torchrun with 2 CPU processes (gloo) follows the single-process run of the same global batch."""
     import os

@@ -158,6 +158,7 @@ def test_unmeasured_runs_are_expected_at_the_measured_rate(task_file, tmp_path):
 
 # --- end to end -------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_workers_write_the_rows_of_two_shards(task_file, tmp_path, one_thread):
     task = config.load_task(str(task_file))
     done = workers.run_task(task, tmp_path / "w", device="cpu", speed=False, workers=2, log=lambda m: None)
@@ -186,6 +187,7 @@ def kill_the_victim(job, run_id):
 _real_run_one = workers.run_one
 
 
+@pytest.mark.slow
 def test_a_killed_worker_fails_its_run_only(task_file, tmp_path, monkeypatch, capsys):
     task = config.load_task(str(task_file))
     victim = sorted(s.run_id for s in grid(task) if s.data.spec != "copy")[0]
@@ -210,6 +212,7 @@ def test_a_killed_worker_fails_its_run_only(task_file, tmp_path, monkeypatch, ca
     assert {r["status"] for r in results.read_rows(out / "runs.csv")} == {"ok"}
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_every_worker_and_resume_completes(task_file, tmp_path):
     long = tmp_path / "long.toml"
     long.write_text(task_file.read_text().replace("steps = 4\n", "steps = 400\ncheckpoint_interval = 50\n", 1))
