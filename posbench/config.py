@@ -21,7 +21,7 @@ from posbench.data import DataConfig
 from posbench.effective import LEARNED, SHARE, THRESHOLD, TOLERANCE
 from posbench.errors import PosbenchError, did_you_mean
 from posbench.knobs import UNLESS_DEFAULT, check_fields, knob
-from posbench.policies import POLICIES, from_eval, get_policy
+from posbench.policies import POLICIES, from_eval, get_policy, specs
 from posbench.ranges import MAX_INT, Range, at_least, between, non_negative, one_of, positive
 
 TASK_VERSION = 1
@@ -103,7 +103,7 @@ def policy_knob(policy: str, setting: str):
 
 # the flags of EvalConfig that set an eval-time RoPE policy: every command that reads
 # --rope-scaling takes them all
-POLICY_FLAGS = ("rope_scaling", "scaling_factor", *(f for cls in POLICIES.values() for f in cls.flags.values()),
+POLICY_FLAGS = ("rope_scaling", "rope_scaling_json", "scaling_factor", *(f for cls in POLICIES.values() for f in cls.flags.values()),
                 "dpe_windows")
 
 
@@ -118,6 +118,9 @@ class EvalConfig:
     rope_scaling: tuple[str, ...] = knob(("none",), f"RoPE policies read at every length: {','.join(POLICIES)} or a "
                                          "plug-in's; NAME(KEY=VALUE,...) gives a policy's settings, NAME:S its factor",
                                          flag=True)
+    rope_scaling_json: str = knob("", "a policy as transformers writes rope_scaling in a config.json, e.g. "
+                                  "'{\"rope_type\": \"yarn\", \"factor\": 4.0}', read beside --rope-scaling",
+                                  flag=True, names_run=UNLESS_DEFAULT)
     rope_scaling_factor: float = knob(0.0, "RoPE scaling factor s (0: L_eval / L_train)",
                                       Range(">= 1 (or 0: L_eval / L_train)", _scaling_factor), flag="scaling_factor",
                                       name="rope scaling factor")
@@ -163,8 +166,9 @@ class EvalConfig:
         for cls in POLICIES.values():  # the per-policy keys, checked by their policies (yarn: alpha < beta)
             if cls.flags:
                 cls(**{key: getattr(self, flag) for key, flag in cls.flags.items()})
-        for spec in self.rope_scaling:
-            if from_eval(spec, self).name == "longrope" and not self.longrope_factors:
+        for spec in specs(self):
+            policy = from_eval(spec, self) if spec.strip() != "config" else None
+            if policy is not None and policy.name == "longrope" and not policy.factors:
                 raise PosbenchError("rope_scaling longrope needs longrope_factors, one per rotated pair (`posbench "
                                     "extend` searches them)")
         extensions = {"none", *(e for cls in SCHEMES.values() for e in cls.extensions)}

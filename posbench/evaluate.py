@@ -52,7 +52,7 @@ from posbench.positions import evaluation_columns, evaluation_positions, randomi
 from posbench.progress import Bar
 from posbench.probes import PROBES, probe_name
 from posbench.schemes import SCHEMES, PositionLimitError
-from posbench.policies import Policy, PolicyFailure, from_eval, make, refuse_stale
+from posbench.policies import Policy, PolicyFailure, from_eval, make, refuse_stale, specs
 from posbench.device import autocast, resolve_device
 from posbench.runs import FINAL, RunSpec, data_spec, load_spec, load_trained
 
@@ -99,7 +99,7 @@ def variants_for(spec: RunSpec, cfg: EvalConfig, layout) -> list[Variant]:
     child fine-tuned with a rescaling (posbench.extending), which is evaluated with its own alone."""
     rescaled = spec.extension is not None and spec.extension.rescaling != "plain"
     scalable = layout.scalable and not randomized(spec.train) and not rescaled
-    scalings = [from_eval(k, cfg) for k in cfg.rope_scaling] if scalable else [make()]
+    scalings = [from_eval(k, cfg) for k in specs(cfg)] if scalable else [make()]
     extensions = [e for e in cfg.learned_extension if e == "none" or e in layout.extensions] or ["none"]
     return [Variant(s, e) for s in dict.fromkeys(scalings) for e in dict.fromkeys(extensions)]
 
@@ -108,9 +108,11 @@ def scaling_note(rows: list[dict], kinds: tuple[str, ...]) -> str | None:
     """One line on the eval-time RoPE scalings asked for (`kinds`, e.g. yarn) that `variants_for`
     left out of `rows` (extrapolation or probes rows): which schemes take them, and which runs
     have `none` rows only. None when every run has them all."""
-    asked = [k for k in dict.fromkeys(kinds) if k != "none"]
+    asked = [k for k in dict.fromkeys(re.match(r"[\w-]*", k)[0] for k in kinds) if k not in ("none", "", "config")]
     got, scheme = defaultdict(set), {}
     for r in rows:
+        if results.of_model(r):
+            continue  # a pretrained model reads every policy asked
         got[r["run_id"]].add(re.match(r"[\w-]*", r["scaling"])[0])  # the kind of a label such as yarn:4
         scheme[r["run_id"]] = r["scheme"]
     missing = sorted(run for run, labels in got.items() if not set(asked) <= labels)
@@ -536,7 +538,7 @@ def extrapolate(runs_dir: Path | str, cfg: EvalConfig, schemes: list[str] | None
     for table in tables:  # a damaged table fails before any is written
         results.read_rows(results.table_path(out, table))
     refuse_stale(results.read_rows(results.table_path(out, "extrapolation")),
-                 [from_eval(k, cfg) for k in cfg.rope_scaling], str(results.table_path(out, "extrapolation")))
+                 [from_eval(k, cfg) for k in specs(cfg)], str(results.table_path(out, "extrapolation")))
     cache: dict = {}
     all_rows = []
     with Bar(progress, "run", lines=False) as bar:

@@ -213,3 +213,63 @@ def test_infinite_frequencies_give_failed_rows_with_the_line(rope_run, tmp_path,
     assert rows["64"]["status"] == "failed"
     assert rows["64"]["reason"] == (f"at 64 positions: plugin {path}: line 11: policy blowup's frequencies are not "
                                     "finite at length 64")
+
+
+# ---- transformers' spelling -----------------------------------------------------------------------
+
+def test_transformers_rope_scaling_maps_to_the_registered_policy():
+    from posbench.policies.hf import from_rope_scaling
+
+    policy, notes = from_rope_scaling({"rope_type": "yarn", "factor": 4.0, "beta_fast": 16, "beta_slow": 2,
+                                       "original_max_position_embeddings": 8192})
+    assert policy == make("yarn", 4.0, alpha=2.0, beta=16.0) and policy.label == "yarn:4(alpha=2,beta=16)"
+    assert notes == ["rope_scaling: original_max_position_embeddings has no counterpart in posbench's yarn; left out"]
+    assert from_rope_scaling('{"type": "linear", "factor": 2}')[0].label == "pi:2"
+    assert from_rope_scaling({"rope_type": "default"})[0] == make()
+    longrope = from_rope_scaling({"rope_type": "longrope", "factor": 2, "long_factor": [1, 2], "short_factor": [1, 1]})
+    assert longrope[0].factors == (1.0, 2.0) and "short_factor has no counterpart" in longrope[1][0]
+    with pytest.raises(PosbenchError, match="rope_type 'mrope' has no posbench policy; those with one: default, "):
+        from_rope_scaling({"rope_type": "mrope"})
+    with pytest.raises(PosbenchError, match="rope_scaling: not JSON"):
+        from_rope_scaling('{"rope_type": "yarn"')
+    with pytest.raises(PosbenchError, match="policy yarn: setting beta must be > 0, got -1"):
+        from_rope_scaling({"rope_type": "yarn", "beta_fast": -1})
+
+
+@pytest.mark.slow
+def test_rope_scaling_json_reads_as_the_policy_it_names(rope_run, tmp_path, capsys):
+    out = tmp_path / "out"
+    spelled = '{"rope_type": "yarn", "factor": 2, "beta_fast": 16, "original_max_position_embeddings": 16}'
+    assert main(["extrapolate", "--runs-dir", str(rope_run), "--out", str(out), "--rope-scaling", "none,yarn:2(beta=16)",
+                 "--rope-scaling-json", spelled, "--lengths", "32", "--tokens", "64", "--device", "cpu"]) == 0
+    assert "note: rope_scaling_json: original_max_position_embeddings has no counterpart" in capsys.readouterr().err
+    rows = results.read_rows(out / "extrapolation.csv")
+    assert sorted(r["scaling"] for r in rows) == ["none", "yarn:2(alpha=1,beta=16)"]  # the JSON's is the same policy
+    assert main(["extrapolate", "--runs-dir", str(rope_run), "--out", str(out), "--rope-scaling", "config",
+                 "--lengths", "32", "--tokens", "64", "--device", "cpu"]) == 2
+    assert "the policy config is a pretrained model's own rope_scaling" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_pretrained_folder_reads_its_own_rope_scaling_and_a_plug_in_policy(tmp_path, capsys, isolated):
+    """--model hf:FOLDER: `config` is the folder's rope_scaling (here YaRN at 2), the same rows as
+    yarn:2 written out; the Blend plug-in reads the model with no code of its own, equal to none
+    inside the context. A folder that rescales its RoPE loads with plain RoPE at its original
+    context, its own rescaling the policy `config`."""
+    from test_pretrained import build
+
+    from conftest import write_corpus
+
+    folder = tmp_path / "yarn-llama"
+    build(folder, {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32})
+    corpus = write_corpus(tmp_path / "corpus", n_docs=20, words=200)
+    blend = write(tmp_path, "blend.py", BLEND)
+    out, task = tmp_path / "out", tmp_path / "mine.toml"
+    task.write_text(f'schemes = []\n[data]\nspec = "files:{corpus}/*.txt"\n[model]\npretrained = "hf:{folder}"\n')
+    assert main(["extrapolate", "--task", str(task), "--out", str(out), "--plugin", str(blend),
+                 "--rope-scaling", "none,config,yarn:2,blend", "--lengths", "32,64", "--tokens", "64"]) == 0
+    assert "no counterpart" not in capsys.readouterr().err  # its base and context are the model's
+    rows = {(r["scaling"], r["eval_len"]): r for r in results.read_rows(out / "extrapolation.csv")}
+    assert {s for s, _ in rows} == {"none", "yarn:2", "blend"}  # config is yarn:2, one row each
+    assert rows[("blend", "32")]["loss"] == rows[("none", "32")]["loss"]
+    assert rows[("blend", "64")]["policy_sha256"] == plugins.sha256_of(blend)

@@ -236,9 +236,11 @@ def test_an_architecture_without_rescalable_rope_is_refused(tmp_path):
     GPT2Config(n_layer=1, n_embd=8, n_head=2).save_pretrained(tmp_path / "gpt2")
     with pytest.raises(PosbenchError, match="gpt2 model: posbench rescales"):
         pretrained.load(f"hf:{tmp_path / 'gpt2'}")
-    build(tmp_path / "scaled", TRANSFORMERS["pi"])
-    with pytest.raises(PosbenchError, match="already rescales its RoPE"):
-        pretrained.load(f"hf:{tmp_path / 'scaled'}")
+    config = types.SimpleNamespace(model_type="llama", rope_parameters={"rope_type": "mrope", "rope_theta": THETA})
+    with pytest.raises(PosbenchError, match="already rescales its RoPE \\(mrope\\), which no posbench policy reads"):
+        pretrained.loading.check_architecture(config, "hf:scaled")
+    build(tmp_path / "scaled", TRANSFORMERS["pi"])  # a rescaling a policy reads: plain RoPE, its own as `config`
+    assert pretrained.load(f"hf:{tmp_path / 'scaled'}").train_len == CONTEXT
 
 
 def test_a_missing_extra_is_one_line(monkeypatch):

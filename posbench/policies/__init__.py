@@ -16,8 +16,8 @@ built-ins are in posbench.policies.builtins; a plug-in (posbench/docs/plugins.md
 """
 
 from posbench.policies.registry import POLICIES, Policy, PolicyFailure, get_policy, make, register
-from posbench.policies.scaling import RopeScaling, from_eval, names, refuse_stale
+from posbench.policies.scaling import RopeScaling, from_eval, names, refuse_stale, specs
 from posbench.policies import builtins  # noqa: F401  (registers the built-ins)
 
 __all__ = ["POLICIES", "Policy", "PolicyFailure", "RopeScaling", "from_eval", "get_policy", "make", "names",
-           "refuse_stale", "register"]
+           "refuse_stale", "register", "specs"]

@@ -24,6 +24,7 @@ class Unscaled(Policy):
     reference = "Su et al. 2021, arXiv:2104.09864"
     formula = "RoPE as trained: pair t turned by m theta_t at every length"
     length_free = True
+    hf_types = ("default",)
 
 
 class Interpolation(Policy):
@@ -37,6 +38,7 @@ class PI(Interpolation):
     name = "pi"
     reference = "Chen et al. 2023, arXiv:2306.15595"
     formula = "position interpolation: theta_t / s"
+    hf_types = ("linear",)
 
     def frequencies(self, inv_freq, length, train_len):
         return inv_freq / self.scale(length, train_len)
@@ -59,6 +61,7 @@ class DynamicNTK(Interpolation):
     name = "dynamic-ntk"
     reference = "emozilla 2023; transformers' `dynamic`"
     formula = "NTK-aware with the base grown by the window's own length: base (f L_eval / L - (f - 1))^(r/(r-2))"
+    hf_types = ("dynamic",)
 
     @property
     def fixed(self) -> bool:
@@ -87,6 +90,7 @@ class YaRN(Interpolation):
     help = {"alpha": "YaRN alpha (beta_slow)", "beta": "YaRN beta (beta_fast)"}
     flags = {"alpha": "yarn_alpha", "beta": "yarn_beta"}
     label_all = True
+    hf_types, hf_fields = ("yarn",), {"beta_slow": "alpha", "beta_fast": "beta"}
 
     def __init__(self, factor=0.0, **settings):
         super().__init__(factor, **settings)
@@ -114,6 +118,7 @@ class Llama3(Interpolation):
             "high": "Llama 3 high_freq_factor: wavelengths below train_len / high are kept"}
     flags = {"low": "llama3_low", "high": "llama3_high"}
     label_all = True
+    hf_types, hf_fields = ("llama3",), {"low_freq_factor": "low", "high_freq_factor": "high"}
 
     def __init__(self, factor=0.0, **settings):
         super().__init__(factor, **settings)
@@ -142,6 +147,7 @@ class LongRoPE(Interpolation):
     ranges = {"factors": positive}
     help = {"factors": "LongRoPE factors, one per rotated pair: longrope in rope_scaling"}
     flags = {"factors": "longrope_factors"}
+    hf_types, hf_fields = ("longrope",), {"long_factor": "factors"}
 
     def shown(self, key):
         return False  # the factors are the run's (extend's search) or the task's, not the label's

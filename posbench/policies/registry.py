@@ -40,7 +40,8 @@ class Policy:
     -> the [eval] key and flag that also sets it, e.g. alpha -> yarn_alpha), `interpolates` (it
     takes the factor s of --scaling-factor and leaves every window with s <= 1 as trained),
     `length_free` (its frequencies do not depend on the window's length), `label_all` (its label
-    names every setting once any differs from its default)."""
+    names every setting once any differs from its default), `hf_types` and `hf_fields` (the
+    rope_type and fields transformers writes for it in a config.json's rope_scaling)."""
 
     name: ClassVar[str] = ""
     reference: ClassVar[str] = ""
@@ -53,6 +54,8 @@ class Policy:
     length_free: ClassVar[bool] = False
     label_all: ClassVar[bool] = False
     internal: ClassVar[dict[str, Any]] = {}  # state a hook sets, not a setting (DPE's `detected`)
+    hf_types: ClassVar[tuple[str, ...]] = ()  # transformers' rope_type(s) of this policy (posbench.policies.hf)
+    hf_fields: ClassVar[dict[str, str]] = {}  # a rope_scaling field -> the setting it gives
     plugin_source: ClassVar[plugins.Source | None] = None
 
     def __init__(self, factor: float = 0.0, **settings: Any):

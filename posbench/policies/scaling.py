@@ -6,6 +6,7 @@ flags), and `names` (the policies registered, built-ins first).
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from posbench.errors import PosbenchError
@@ -16,6 +17,16 @@ def RopeScaling(kind: str = "none", factor: float = 0.0, **settings: Any) -> Pol
     """The policy `kind` with a factor and those of `settings` it takes."""
     cls = get_policy(kind)
     return cls(factor, **{k: v for k, v in settings.items() if k in cls.defaults or k in cls.internal})
+
+
+_said: set[str] = set()
+
+
+def note(line: str) -> None:
+    """One line on stderr, `note: ...` (a rope_scaling field left out), once per process."""
+    if line not in _said:
+        _said.add(line)
+        print(f"note: {line}", file=sys.stderr)
 
 
 def names() -> tuple[str, ...]:
@@ -34,10 +45,27 @@ def refuse_stale(rows: list[dict[str, str]], policies: list[Policy], where: str)
                                 "remove those rows, so that one table never mixes two versions")
 
 
+def specs(cfg) -> tuple[str, ...]:
+    """The policies an evaluation reads: `rope_scaling`'s, then `rope_scaling_json`'s when given."""
+    return (*cfg.rope_scaling, *((cfg.rope_scaling_json,) if cfg.rope_scaling_json.strip() else ()))
+
+
 def from_eval(spec: str, cfg) -> Policy:
     """The policy of one `--rope-scaling` item, e.g. `yarn`, `yarn:4`, `yarn(alpha=2)`,
     `blend(mix=0.3)`: its settings from the [eval] keys that name them (yarn_alpha, ...) and the
-    factor from rope_scaling_factor, then those written in the spec itself."""
+    factor from rope_scaling_factor, then those written in the spec itself. A JSON object is
+    transformers' rope_scaling (`--rope-scaling-json`, posbench.policies.hf), said where a field has
+    no counterpart."""
+    if spec.lstrip().startswith("{"):
+        from posbench.policies.hf import from_rope_scaling
+
+        policy, notes = from_rope_scaling(spec, "rope_scaling_json")
+        for line in notes:
+            note(line)
+        return policy
+    if spec.strip() == "config":
+        raise PosbenchError("the policy config is a pretrained model's own rope_scaling (--model hf:FOLDER); a trained "
+                            "run has none")
     name, factor, written = parse_spec(spec)
     cls = get_policy(name)
     settings = {k: getattr(cfg, flag) for k, flag in cls.flags.items()}

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from posbench import results
+from posbench.policies import POLICIES
 from posbench.config import DTYPES
 from posbench.errors import PosbenchError, did_you_mean, first_line
 from posbench.pretrained.attention import register_attention
@@ -143,7 +144,9 @@ def load(spec: str, base: Path | None = None, device: torch.device | str = "cpu"
     model.to(device, dtype=getattr(torch, dtype)).eval()
     register_attention()
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    rotary = Rotary(head_dim, float(config.rope_parameters["rope_theta"]), int(config.max_position_embeddings))
+    # a model that rescales its RoPE (read as the policy `config`) was trained at its original length
+    context = config.rope_parameters.get("original_max_position_embeddings") or config.max_position_embeddings
+    rotary = Rotary(head_dim, float(config.rope_parameters["rope_theta"]), int(context))
     model.model.rotary_emb = rotary
     for layer in model.model.layers:
         layer.self_attn.posbench_rotary = rotary
@@ -167,8 +170,8 @@ def check_architecture(config, spec: str) -> None:
         raise PosbenchError(f"{spec} is a {kind} model: posbench rescales the rotary layers of "
                             f"{', '.join(ARCHITECTURES)} models only")
     rope = getattr(config, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") != "default":
-        raise PosbenchError(f"{spec} already rescales its RoPE ({rope['rope_type']}); posbench applies its "
-                            "policies to a model with plain RoPE only")
+    if not any(rope.get("rope_type", "default") in cls.hf_types for cls in POLICIES.values()):
+        raise PosbenchError(f"{spec} already rescales its RoPE ({rope['rope_type']}), which no posbench policy reads; "
+                            "posbench applies its policies to a model with plain RoPE or one of theirs")
     if getattr(config, "partial_rotary_factor", 1.0) != 1.0:
         raise PosbenchError(f"{spec} rotates part of each head only; posbench rescales full-head RoPE only")

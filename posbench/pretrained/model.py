@@ -16,7 +16,9 @@ from posbench.config import EvalConfig
 from posbench.data import load_corpus
 from posbench.errors import PosbenchError
 from posbench.evaluate import ATTN_BYTES
-from posbench.policies import Policy, from_eval
+from posbench.policies import Policy, from_eval, specs
+from posbench.policies.hf import OWN, own_rope_scaling
+from posbench.policies.scaling import note
 from posbench.pretrained.attention import DOPE_ATTENTION, TWO_MAP_ATTENTION
 from posbench.pretrained.rotary import Rotary
 
@@ -160,10 +162,18 @@ def distinct(m: Pretrained, scaling: Policy, length: int) -> tuple:
     return (inv.numpy().tobytes(), mscale, length)
 
 
+def own(m: Pretrained) -> Policy:
+    """The policy `config`: the model's own rope_scaling, from its folder's config.json."""
+    policy, notes = own_rope_scaling(m.spec, m.path)
+    for line in notes:
+        note(line)
+    return policy
+
+
 def policies(m: Pretrained, eval_cfg: EvalConfig) -> list[Policy]:
     """The distinct policies of `eval_cfg`, each set once on the model so that a bad longrope
     count fails before any prompt."""
-    scalings = list(dict.fromkeys(from_eval(k, eval_cfg) for k in eval_cfg.rope_scaling))
+    scalings = list(dict.fromkeys(own(m) if k.strip() == OWN else from_eval(k, eval_cfg) for k in specs(eval_cfg)))
     for s in scalings:
         m.set_scaling(s)
     return scalings
