@@ -290,3 +290,19 @@ def test_the_blend_plug_in_reads_the_shipped_smollm2_gguf(tmp_path, isolated):
     rows = {r["scaling"]: r for r in results.read_rows(out / "extrapolation.csv")}
     assert set(rows) == {"none", "blend"} and rows["blend"]["status"] == "ok"
     assert rows["blend"]["loss"] == rows["none"]["loss"] and rows["blend"]["policy_sha256"] == plugins.sha256_of(blend)
+
+
+@pytest.mark.slow
+def test_check_policy_passes_every_built_in():
+    """No fail for any built-in (longrope with its factors given); the warns say where a policy changes
+    the model inside its training length."""
+    from posbench.policies.check import check_policy
+
+    warned = set()
+    for name in POLICIES:
+        findings = check_policy(name, {"factors": "-".join(["1.5"] * 8)} if name == "longrope" else {})
+        assert [f for f in findings if f.status == "fail"] == [], name
+        warned |= {name for f in findings if f.status == "warn"}
+    assert {"freq-band", "dope", "self-extend"} <= warned and not warned & {"none", "pi", "yarn", "ntk", "llama3"}
+    with pytest.raises(PosbenchError, match="longrope needs 8 factors .* give the policy's settings with --param"):
+        check_policy("longrope")

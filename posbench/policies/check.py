@@ -30,6 +30,7 @@ from posbench.errors import PosbenchError
 from posbench.policies.registry import Policy, coerce, get_policy
 
 LENGTHS = (8, 16, 32, 64, 128, 256)
+PAIRS = 8  # rotary pairs of a head of the check's model (head dim 16)
 SHARPEN = 8.0  # the random model's q, k and v projections scaled up (`sharpened`)
 JUMP_TOLERANCE = 0.05  # nats beyond the unscaled model's largest step between lengths
 PROPERTIES = ("settings", "finite", "inside training length", "no jump", "adapters")
@@ -45,6 +46,11 @@ def check_policy(name: str, settings: dict[str, Any] | None = None) -> list[Find
         raise PosbenchError(f"policy {name} has no setting {unknown[0]!r}"
                             + (f"; its settings are {', '.join(cls.defaults)}" if cls.defaults else ""))
     policy = cls(factor, **{k: coerce(cls, k, v) for k, v in given.items()})
+    try:
+        policy.check(PAIRS, T)
+    except PosbenchError as e:
+        raise PosbenchError(f"{e}: the check's model has {PAIRS} rotary pairs a head, trained at {T}; give the "
+                            "policy's settings with --param KEY=VALUE") from None
     found = [settings_refused(cls)]
     read = readings(policy)
     unscaled = readings(get_policy("none")())
