@@ -38,6 +38,7 @@ from posbench.data import probe_corpus
 from posbench.errors import PosbenchError, on_interrupt
 from posbench.extension import columns as extension_columns
 from posbench.evaluate import ATTN_BYTES, failure, find_runs, trained_dpe, variants_for
+from posbench.policies import from_eval, refuse_stale, specs
 from posbench.positions import evaluation_columns, evaluation_positions
 from posbench.probes import PROBES, Example, Probe, parse_probe, probe_name
 from posbench.schemes import PositionLimitError
@@ -211,6 +212,8 @@ def evaluate(runs_dir: Path | str, cfg: ProbesConfig, eval_cfg: EvalConfig, prob
     for run_dir in runs:  # before any run is scored, so that nothing is written
         check_lengths(probe_of(load_spec(run_dir)[0]), cfg.lengths)
     out = Path(out or runs_dir)
+    refuse_stale(results.read_probes(out), [from_eval(k, eval_cfg) for k in specs(eval_cfg)],
+                 str(results.table_path(out, "probes")))
     all_rows = []
     from rich.progress import Progress
 

@@ -306,3 +306,16 @@ def test_check_policy_passes_every_built_in():
     assert {"freq-band", "dope", "self-extend"} <= warned and not warned & {"none", "pi", "yarn", "ntk", "llama3"}
     with pytest.raises(PosbenchError, match="longrope needs 8 factors .* give the policy's settings with --param"):
         check_policy("longrope")
+
+
+def test_rows_of_another_version_of_a_plug_in_policy_are_refused(tmp_path, isolated):
+    from posbench.policies import refuse_stale
+
+    path = write(tmp_path, "blend.py", BLEND)
+    plugins.load(str(path))
+    now = make("blend")
+    same = {"scaling": "blend(mix=0.25)", "policy_sha256": plugins.sha256_of(path)}
+    refuse_stale([same, {"scaling": "yarn", "policy_sha256": ""}], [now, make("yarn")], "probes.csv")
+    with pytest.raises(PosbenchError, match="probes.csv holds rows of policy blend made with another version of its "
+                                            "plug-in file \\(sha256 000000000000, loaded now "):
+        refuse_stale([{**same, "policy_sha256": "0" * 64}], [now], "probes.csv")

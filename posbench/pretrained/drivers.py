@@ -130,7 +130,9 @@ def judge_prompts(m: Pretrained, scalings: list[Policy], prompts: dict[tuple, li
     (`tokens_of` an item) of the length's first prompt. `resume`: a length whose rows out/probes.csv
     holds already (same model, probe, prompts and policy) is kept, not read again. No row is gated
     `not learned`: the model was not trained on the probe (posbench.effective reads a model that
-    fails at its own context as `no reference`)."""
+    fails at its own context as `no reference`). Rows of a plug-in policy that another version of its
+    file made are refused before any is rewritten or kept."""
+    refuse_stale(results.read_probes(out), scalings, str(results.table_path(out, "probes")))
     rows, judged = [], {}
     kept = kept_rows(out, base_row) if resume else {}
     done = kept_prompts(out, base_row) if resume else {}
