@@ -3,9 +3,11 @@
 Each property builds a small model with the scheme (2 layers, d_model 32, 2 heads of 16: the
 smallest FlexAttention takes) at training length 16 and answers pass, warn or fail:
 
-- causality: outputs before position t do not change when token t does, nor when tokens are
-  appended after a prefix of t (a dependence on the window's length fails too), on every
-  attention path the scheme can take on this device;
+- causality: the Jacobian of the outputs before position t with respect to the token embeddings
+  from t on is exactly zero; outputs before t do not change when token t does, nor when tokens
+  are appended after a prefix of t (a dependence on the window's length fails too); on every
+  attention path the scheme can take (FlexAttention too, uncompiled) and for three draws of the
+  weights (as initialized, moved off it, and x30);
 - translation: with `relative = True`, shifting every position by a constant leaves the outputs
   unchanged; without it, a warn when they are unchanged all the same;
 - past the training length: finite outputs at 16x, or the scheme's own PositionLimitError;
@@ -87,44 +89,168 @@ def _tokens(n: int = 2, t: int = T, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, VOCAB, (n, t), generator=torch.Generator().manual_seed(seed))
 
 
-def _first_apart(a: torch.Tensor, b: torch.Tensor) -> int | None:
-    """The first position (dim 1) where two outputs (B, T, d) differ beyond float noise; a
-    non-finite output differs from everything. None when they agree."""
-    apart = ~torch.isclose(a, b, atol=ATOL, rtol=0)
+def _first_apart(a: torch.Tensor, b: torch.Tensor, atol: float = ATOL) -> int | None:
+    """The first position (dim 1) where two outputs (B, T, d) differ beyond float noise (`atol`);
+    a non-finite output differs from everything. None when they agree."""
+    apart = ~torch.isclose(a, b, atol=atol, rtol=0)
     found = apart.any(dim=(0, 2)).nonzero()
     return int(found[0]) if len(found) else None
 
 
+# The weights the causality check reads: as initialized, every weight moved off its value (a
+# zero-initialized one too, since a leak through a zero weight is silent until training moves it),
+# and those multiplied by 30 (a trained model's weights are not small). Each is (label, noise, scale).
+DRAWS = (("as initialized", 0.0, 1.0), ("redrawn", 0.5, 1.0), ("redrawn x30", 0.5, 30.0))
+
+
+def _drawn(model: Transformer, noise: float, scale: float, seed: int = 7) -> Transformer:
+    """Every floating-point parameter plus `noise` times a normal draw times its mean magnitude
+    (1 for an all-zero one), then multiplied by `scale`."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point():
+                if noise:
+                    p.add_(noise * (float(p.abs().mean()) or 1.0) * torch.randn(p.shape, generator=g).to(p.dtype))
+                p.mul_(scale)
+    return model
+
+
+@contextlib.contextmanager
+def _eager_flex():
+    """FlexAttention uncompiled on this device (its reference computation, backward included), so
+    the causality check reads the score_mod and block mask a CUDA run takes."""
+    import torch.nn.attention.flex_attention as flex_module
+
+    saved = flex_module._validate_device, attention._compiled_flex
+    flex_module._validate_device = lambda *args: None
+    attention._compiled_flex = attention._flex
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        flex_module._validate_device, attention._compiled_flex = saved
+
+
+def causal_paths(model: Transformer) -> list[tuple[str, str | None]]:
+    """paths(model), and FlexAttention where a layer takes it on CUDA."""
+    found = paths(model)
+    if attention.flex_available() and "flex" in {model.layout.backend(i, "cuda") for i in range(len(model.blocks))}:
+        found.append(("flex", "flex"))
+    return found
+
+
+def _run(model: Transformer, backend: str | None, *args, **kwargs) -> torch.Tensor:
+    model.backend = backend
+    with _eager_flex() if backend == "flex" else contextlib.nullcontext():
+        return model(*args, **kwargs)
+
+
+def _with_leaf(model: Transformer, backend: str | None, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The outputs (B, T, V) and the token embeddings they were computed from, as a leaf that
+    takes gradients: the token table's output, or the first block's input for a scheme that builds
+    token embeddings itself (an input or mixer hook that reads ahead then shows in the Jacobian)."""
+    grabbed: list[torch.Tensor] = []
+
+    def leaf(e: torch.Tensor) -> torch.Tensor:
+        grabbed.append(e.detach().requires_grad_(True))
+        return grabbed[-1]
+
+    hook = (model.tok.register_forward_hook(lambda module, args, out: leaf(out)) if model.tok is not None else
+            model.blocks[0].register_forward_pre_hook(lambda module, args: (leaf(args[0]),) + tuple(args[1:])))
+    try:
+        with torch.enable_grad():
+            out = _run(model, backend, x)
+    finally:
+        hook.remove()
+    return out, grabbed[0]
+
+
+def _later(grad: torch.Tensor, i: int) -> torch.Tensor:
+    """The largest |d output_i / d e_j| for each j > i, of a gradient (T, d); NaN stays NaN."""
+    return grad[i + 1:].abs().amax(dim=-1)
+
+
+def jacobian_leak(model: Transformer, x: torch.Tensor, backend: str | None) -> str | None:
+    """Where an output reads a later input, exactly: the Jacobian of every output (a fixed random
+    projection of position i's logits) with respect to every token embedding after i must be zero
+    to the bit (a masked attention weight is an exact zero, and so is its gradient). `x` is one
+    sequence (1, T). One backward reads every row: copy c of the sequence in a batch of T - 1
+    projects its output at c. Where a row is not zero, each row is read again on the sequence
+    alone, so a scheme that mixes a batch (batch independence fails it) is not called a leak here.
+    None when nothing leaks; 'non-finite' when the outputs cannot be read."""
+    t = x.shape[1]
+    r = torch.randn(VOCAB, generator=torch.Generator().manual_seed(2))
+    rows = torch.arange(t - 1)
+    out, e = _with_leaf(model, backend, x.expand(t - 1, t))
+    if not torch.isfinite(out).all():
+        return "non-finite"
+    with _eager_flex() if backend == "flex" else contextlib.nullcontext():
+        (grad,) = torch.autograd.grad((out[rows, rows] @ r).sum(), e)
+    if all(bool((_later(grad[c], c) == 0).all()) for c in range(t - 1)):
+        return None
+    out, e = _with_leaf(model, backend, x)
+    for i in range(t - 1):
+        with _eager_flex() if backend == "flex" else contextlib.nullcontext():
+            (grad,) = torch.autograd.grad(out[0, i] @ r, e, retain_graph=True)
+        later = _later(grad[0], i)
+        moved = (later != 0).nonzero()
+        if len(moved):
+            j = int(moved[0])
+            return f"the output at {i} reads the input at {i + 1 + j} (d/dx up to {float(later[j]):.1e}, not 0)"
+    return None
+
+
 def causality(name, params) -> Finding:
-    """Two ways the future can reach position i < t: changing token t must leave outputs before t
-    as they were, and so must appending tokens t..T-1 to the prefix x[:t] (the outputs of the
-    prefix alone equal the first t outputs of the whole window), which catches a dependence on the
-    window's length as well as on any later token."""
-    model = build(name, params)
+    """Three ways the future can reach position i < t, on every path and every draw of the
+    weights (DRAWS): the Jacobian of the outputs before each position with respect to the token
+    embeddings after it must be exactly zero; changing token t must leave the outputs before t as
+    they were; and appending tokens t..T-1 to the prefix x[:t] must leave its outputs as they were
+    (the outputs of the prefix alone equal the first t outputs of the whole window), which catches
+    a dependence on the window's length as well as on any later token. Each path reports the first
+    draw it fails on."""
     x = _tokens()
     t = T // 2
     y = x.clone()
     y[:, t] = (y[:, t] + 1) % VOCAB
-    leaks = []
-    for label, backend in paths(model):
-        with torch.no_grad():
-            a, b = _forced(model, backend)(x), model(y)
-            prefix = model(x[:, :t])
-        if not torch.isfinite(a).all():
-            first = int((~torch.isfinite(a)).any(dim=(0, 2)).nonzero()[0])
-            leaks.append(f"{label}: non-finite outputs from position {first}, so nothing can be compared")
-            continue
-        changed = _first_apart(a[:, :t], b[:, :t])
-        if changed is not None:
-            leaks.append(f"{label}: position {changed} changed when token {t} did")
-        grown = _first_apart(a[:, :t], prefix)
-        if grown is not None:
-            leaks.append(f"{label}: position {grown} changed when tokens {t}..{T - 1} were appended to the first {t} "
-                         "(the outputs read the window's length or a later token)")
+    leaks, unread = [], []
+    found = causal_paths(build(name, params))
+    for label, backend in found:
+        for draw, noise, scale in DRAWS:
+            model = _drawn(build(name, params), noise, scale)
+            with torch.no_grad():
+                a, b = _run(model, backend, x), _run(model, backend, y)
+                prefix = _run(model, backend, x[:, :t])
+            if not torch.isfinite(a).all():
+                first = int((~torch.isfinite(a)).any(dim=(0, 2)).nonzero()[0])
+                if draw == DRAWS[0][0]:
+                    leaks.append(f"{label}: non-finite outputs from position {first}, so nothing can be compared")
+                    break
+                unread.append(f"{label} {draw}")  # outside what the scheme's outputs survive: no reading
+                continue
+            found_here = []
+            leak = jacobian_leak(model, x[:1], backend)
+            if leak not in (None, "non-finite"):
+                found_here.append(leak)
+            noise_floor = ATOL * max(1.0, float(a.abs().max()))  # float noise grows with the outputs
+            changed = _first_apart(a[:, :t], b[:, :t], noise_floor)
+            if changed is not None:
+                found_here.append(f"position {changed} changed when token {t} did")
+            grown = _first_apart(a[:, :t], prefix, noise_floor)
+            if grown is not None:
+                found_here.append(f"position {grown} changed when tokens {t}..{T - 1} were appended to the first {t} "
+                                  "(the outputs read the window's length or a later token)")
+            if found_here:
+                leaks.append(f"{label}, weights {draw}: " + "; ".join(found_here))
+                break
     if leaks:
         return Finding("causality", "fail", "; ".join(leaks))
-    return Finding("causality", "pass", f"paths {', '.join(label for label, _ in paths(model))}; "
-                                        f"a prefix of {t} gives the window's first {t} outputs")
+    said = "; outputs non-finite, not read: " + ", ".join(unread) if unread else ""
+    return Finding("causality", "pass", f"paths {', '.join(label for label, _ in found)}; weights "
+                                        f"{', '.join(d for d, _, _ in DRAWS)}: no output reads a later token "
+                                        f"embedding (a zero Jacobian), and a prefix of {t} gives the window's "
+                                        f"first {t} outputs{said}")
 
 
 def translation(name, params) -> Finding:

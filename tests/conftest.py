@@ -7,9 +7,10 @@ import torch
 
 from posbench.config import TrainConfig
 from posbench.data import DataConfig
-from posbench import layout
+from posbench import layout, plugins
 from posbench.model import ModelConfig, Transformer
-from posbench.schemes import Dims
+from posbench.probes import PROBES
+from posbench.schemes import SCHEMES, Dims
 
 # Two threads a test, as CI's two cores; under pytest-xdist the workers share the cores instead
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
@@ -30,6 +31,17 @@ def _isolated_caches(tmp_path_factory):
     os.environ["HF_DATASETS_CACHE"] = str(root / "hf" / "datasets")
     os.environ["HF_DATASETS_OFFLINE"] = "1"
     os.environ["HF_HUB_OFFLINE"] = "1"
+
+
+@pytest.fixture
+def registry():
+    """Plug-ins register into the process's registries: each test gets them back as they were."""
+    saved = dict(SCHEMES), dict(PROBES), dict(plugins._loaded), list(plugins._command_line)
+    yield
+    for live, old in zip((SCHEMES, PROBES, plugins._loaded), saved):
+        live.clear()
+        live.update(old)
+    plugins._command_line[:] = saved[3]
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:

@@ -15,7 +15,6 @@ from conftest import TINY_TASK
 from posbench import plugins, results, training
 from posbench.conformance import check
 from posbench.cli import main
-from posbench.probes import PROBES
 from posbench.schemes import SCHEMES
 
 GOOD = '''
@@ -111,17 +110,6 @@ class TablePE(Scheme):
     def embed(self, x, idx, pos):
         return x + self.table[pos]
 """
-
-
-@pytest.fixture
-def registry():
-    """Plug-ins register into the process's registries: each test gets them back as they were."""
-    saved = dict(SCHEMES), dict(PROBES), dict(plugins._loaded), list(plugins._command_line)
-    yield
-    for live, old in zip((SCHEMES, PROBES, plugins._loaded), saved):
-        live.clear()
-        live.update(old)
-    plugins._command_line[:] = saved[3]
 
 
 def write(path: Path, text: str) -> Path:

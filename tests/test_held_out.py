@@ -1,0 +1,77 @@
+"""Plug-ins of the kinds a new user writes without seeing posbench's tests: a scheme that reads the
+future through a weight that starts at zero, one whose scores overflow past the training length,
+one that declares a finite table. `check` and `extrapolate` must judge each as it is."""
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from posbench import plugins
+from posbench.conformance import CHECKS, check
+
+# RoPE whose angles are scaled by tanh(mean of the whole window @ w): the mean reads later tokens.
+PEEK = """
+import torch
+from torch import nn
+from posbench.schemes import Scheme, register
+
+
+@register
+class PeekRope(Scheme):
+    name = "peek-rope"
+    family = "rotary"
+    hooks = ("content", "qk")
+    defaults = {"init": "zero"}
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        w = torch.zeros(dims.d_model) if self.p["init"] == "zero" else 0.02 * torch.randn(dims.d_model)
+        self.w = nn.Parameter(w)
+        d = self.head_dim
+        self.register_buffer("inv", 10000.0 ** (-torch.arange(0, d, 2).float() / d), persistent=False)
+
+    def content(self, x, layer):
+        return torch.tanh(x.mean(dim=1) @ self.w)  # (B,)
+
+    def rotate(self, q, k, pos, ctx, layer, z):
+        angle = pos.float()[:, None] * self.inv * (1 + z[:, None, None, None])
+        cos, sin = angle.cos(), angle.sin()
+
+        def turn(x):
+            a, b = x.float().chunk(2, dim=-1)
+            return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1).to(x.dtype)
+
+        return turn(q), turn(k)
+"""
+
+
+def load(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    plugins.load_all([str(path)])
+    return path
+
+
+def only(*props: str) -> tuple[str, ...]:
+    return tuple(p for p in CHECKS if p not in props)
+
+
+@pytest.mark.parametrize("init", ["zero", "random"])
+def test_causality_is_exact_and_reads_moved_weights(registry, tmp_path, init):
+    """The leak moves earlier outputs by about 1e-6 at initialization, under any tolerance (and
+    not at all with w = 0): the Jacobian with respect to later embeddings is not exactly zero."""
+    load(tmp_path, "peek.py", PEEK)
+    [found] = check("peek-rope", {"init": init}, skip=only("causality"))
+    assert found.prop == "causality" and found.status == "fail", found
+    assert "reads the input at" in found.detail and "not 0" in found.detail, found
+    first = "weights as initialized" if init == "random" else "weights redrawn"
+    assert f"sdpa-causal, {first}: the output at 1 reads the input at 2" in found.detail, found
+
+
+@pytest.mark.parametrize("name", ["rope", "none+ssmax", "rnope-swa"])
+def test_causality_passes_builtins_on_every_draw_and_path(name):
+    [found] = check(name, skip=only("causality"))
+    assert found.status == "pass", found
+    assert "as initialized, redrawn, redrawn x30" in found.detail and "zero Jacobian" in found.detail
+    assert ("flex" in found.detail.split(";")[0]) == (name == "rnope-swa"), found
