@@ -19,7 +19,8 @@ smallest FlexAttention takes) at training length 16 and answers pass, warn or fa
   compiled up to kernel generation, passes the check CUDA's compiler makes of each backward
   graph (a learned tensor indexed once in the score_mod), with the explicit path's gradients;
 - cost: forward+backward time at two lengths as ratios to `none` and `rope`, medians of the same
-  run (a warn above 10x rope at the longer length: it is a reading, not a rule).
+  run (a warn above 10x rope at the longer length: it is a reading, not a rule); a scheme with a
+  finite table inside it.
 """
 
 from __future__ import annotations
@@ -481,14 +482,34 @@ def cost(name, params, repeats: int = 5) -> Finding:
             times.append(time.perf_counter() - began)
         return statistics.median(times[1:])
 
-    models = {n: build(n, params if n == name else None, d_model=64, n_heads=4, n_layers=2,
-                       train_len=COST_LENGTHS[0]).train() for n in dict.fromkeys([name, "none", "rope"])}
+    def small(n, train_len=COST_LENGTHS[0]):
+        return build(n, params if n == name else None, d_model=64, n_heads=4, n_layers=2, train_len=train_len).train()
+
+    models = {n: small(n) for n in dict.fromkeys([name, "none", "rope"])}
+    lengths, inside = cost_lengths(models[name].layout.position_limit())
+    if inside:  # a finite table: one as long as the longer length, if the scheme sizes it by the training length
+        models[name] = small(name, COST_LENGTHS[-1])
+        lengths, inside = cost_lengths(models[name].layout.position_limit())
+    if not lengths:
+        return Finding("cost", "skip", inside)
     ratios = []
-    for t in COST_LENGTHS:
+    for t in lengths:
         times = {n: step_time(m, t) for n, m in models.items()}
         ratios.append((t, times[name] / times["none"], times[name] / times["rope"]))
     text = "; ".join(f"{t} tokens: {a:.2f}x none, {b:.2f}x rope" for t, a, b in ratios)
-    return Finding("cost", "warn" if ratios[-1][2] > 10 else "pass", text)
+    return Finding("cost", "warn" if ratios[-1][2] > 10 else "pass", text + (f" ({inside})" if inside else ""))
+
+
+def cost_lengths(limit: int | None) -> tuple[tuple[int, ...], str]:
+    """The lengths to time a scheme at, and what a finite table changed: COST_LENGTHS where its
+    positions reach; inside a shorter table, its last position and a quarter of it; none (and
+    the reason) for a table under 32 positions."""
+    if limit is None or limit >= COST_LENGTHS[-1]:
+        return COST_LENGTHS, ""
+    if limit < 32:
+        return (), f"its table holds {limit} positions, too few to time"
+    lengths = tuple(n for n in COST_LENGTHS if n <= limit) or (limit // 4, limit)
+    return lengths, f"inside its table of {limit} positions"
 
 
 CHECKS: dict[str, Callable[[str, dict], Finding]] = {

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from posbench import plugins
-from posbench.conformance import CHECKS, check
+from posbench.conformance import CHECKS, check, cost
+from test_plugins import TABLE
 
 # RoPE whose angles are scaled by tanh(mean of the whole window @ w): the mean reads later tokens.
 PEEK = """
@@ -75,3 +76,40 @@ def test_causality_passes_builtins_on_every_draw_and_path(name):
     assert found.status == "pass", found
     assert "as initialized, redrawn, redrawn x30" in found.detail and "zero Jacobian" in found.detail
     assert ("flex" in found.detail.split(";")[0]) == (name == "rnope-swa"), found
+
+
+# test_plugins' table of 64 rows, declaring its end as the plug-ins page asks.
+TABLE64 = TABLE.replace('"tablepe"', '"table64"').replace('hooks = ("input",)', 'hooks = ("input",)\n    extrapolates = "no"') + """
+    def position_limit(self):
+        return 64
+"""
+
+
+def test_check_times_a_declared_table_inside_it(registry, tmp_path, monkeypatch, capsys):
+    from posbench.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    load(tmp_path, "table64.py", TABLE64)
+    assert main(["check", "table64", "--plugin", "table64.py", "--skip", ",".join(only("past training length"))]) == 0
+    assert "pass past training length  refuses past its limit of 64" in capsys.readouterr().out
+    found = cost("table64", None, repeats=1)
+    assert found.status in ("pass", "warn") and found.detail.startswith("16 tokens: "), found
+    assert "; 64 tokens: " in found.detail and found.detail.endswith("(inside its table of 64 positions)"), found
+
+
+@pytest.mark.slow
+def test_check_learned_has_no_failed_property(capsys):
+    from posbench.cli import main
+
+    assert main(["check", "learned"]) == 0
+    out = capsys.readouterr().out
+    assert "learned: 12 of 12 properties without a fail" in out and "128 tokens: " in out and "512 tokens: " in out
+
+
+def test_cost_lengths_inside_a_table():
+    from posbench.conformance import cost_lengths
+
+    assert cost_lengths(None) == ((128, 512), "") == cost_lengths(512)
+    assert cost_lengths(200) == ((128,), "inside its table of 200 positions")
+    assert cost_lengths(64) == ((16, 64), "inside its table of 64 positions")
+    assert cost_lengths(31) == ((), "its table holds 31 positions, too few to time")
