@@ -407,7 +407,8 @@ def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cach
             status = "ok" if math.isfinite(loss) else "failed"
             rows.append({**row, "tokens": int(count.sum()), "loss": loss, "ppl": math.exp(loss),
                          **loss_interval(loss, window_loss.tolist(), correlated_windows(cfg.mode, length, row["stride"])),
-                         **(keys.columns() if keys is not None else {}), "status": status, "reason": note})
+                         **(keys.columns() if keys is not None else {}), "status": status,
+                         "reason": note if status == "ok" else non_finite(loss, total, count, length)})
             positions += position_rows(row, total, count, cfg.position_buckets)
             per_window += window_rows(row, starts, window_loss)
             if recorder is not None:
@@ -436,6 +437,14 @@ def failure(e: Exception, length: int) -> str | None:
         return None
     said = plugins.blame(e) or f"{type(e).__name__}: {first_line(e)}"
     return f"at {length} positions: {said}{limit_hint(e)}"
+
+
+def non_finite(loss: float, total: torch.Tensor, count: torch.Tensor, length: int) -> str:
+    """The reason of a row whose loss is not a number: what it is, and the first position of the
+    window whose loss is not finite (total, count: per position of the window)."""
+    bad = ((~torch.isfinite(total)) & (count > 0)).nonzero()
+    where = f", first at position {int(bad[0])} of the window" if len(bad) else ""
+    return f"non-finite loss ({loss}) at {length} positions{where}: the scheme's outputs overflow or are undefined there"
 
 
 def limit_hint(e: BaseException) -> str:

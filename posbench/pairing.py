@@ -77,10 +77,13 @@ def paired(directory: Path | str, a: str, b: str, lengths: tuple[int, ...] | Non
         if not xs:
             continue
         iv = stats.paired_difference(xs, ys, correlated_windows(m, length, stride))
+        diverged = [name for name, losses in ((a, xs), (b, ys))
+                    if not all(math.isfinite(x) for seed in losses.values() for x in seed)]
         out.append({"eval_len": length, "mode": m, "stride": stride, "seeds": len(xs),
                     "windows": min(len(v) for v in xs.values()), "diff": iv.mean, "lo": iv.lo, "hi": iv.hi,
                     "ratio": math.exp(iv.mean), "ratio_lo": math.exp(iv.lo), "ratio_hi": math.exp(iv.hi),
-                    "verdict": verdict(iv, a, b)})
+                    "verdict": (f"no verdict: {' and '.join(diverged)} has a non-finite loss here (a failed row)"
+                                if diverged else verdict(iv, a, b))})
     if not out:
         wanted = f" at {', '.join(map(str, lengths))}" if lengths else ""
         raise PosbenchError(f"{a} and {b} share no evaluated windows{wanted} in {path}")

@@ -403,7 +403,7 @@ def plot_positions(rows, path: Path, eval_len: int | None = None) -> Path:
     df["label"] = labels(df)
     for col in ("eval_len", "position_start", "position_end"):
         df[col] = df[col].astype(int)
-    df["loss"] = pd.to_numeric(df["loss"])
+    df["loss"] = df["loss"].astype(float)  # "nan" or "inf" where a length's loss diverged (pd.to_numeric refuses them)
     n = eval_len or int(df["eval_len"].max())
     df = df[df["eval_len"] == n]
     fig, ax = plt.subplots(figsize=(7.5, 4.8))

@@ -9,7 +9,7 @@ import pytest
 
 from posbench import plugins
 from posbench.conformance import CHECKS, check, cost
-from test_plugins import TABLE
+from test_plugins import GOOD, TABLE
 
 # RoPE whose angles are scaled by tanh(mean of the whole window @ w): the mean reads later tokens.
 PEEK = """
@@ -113,3 +113,41 @@ def test_cost_lengths_inside_a_table():
     assert cost_lengths(200) == ((128,), "inside its table of 200 positions")
     assert cost_lengths(64) == ((16, 64), "inside its table of 64 positions")
     assert cost_lengths(31) == ((), "its table holds 31 positions, too few to time")
+
+
+# A bias that grows with the distance: finite at 32 and 128 tokens, NaN at 1024 (exp overflows
+# in float32 past a distance of about 700).
+OVERFLOW = GOOD.format(name="overflow").replace("return -self.slope[h] * (qpos - kpos).clamp(min=0)",
+                                                "return self.slope[h] * torch.exp((qpos - kpos).float() / 8)")
+
+
+def test_a_non_finite_loss_is_a_failed_row_with_its_reason(registry, tmp_path, corpus_dir, monkeypatch, capsys):
+    from posbench import results
+    from posbench.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "overflow.py").write_text(textwrap.dedent(OVERFLOW))
+    tiny = ["--train-len", "16", "--steps", "2", "--batch-size", "2", "--d-model", "16", "--layers", "1",
+            "--heads", "2", "--tokenizer", "bytes", "--device", "cpu", "--data", f"files:{corpus_dir}"]
+    for scheme in ("overflow", "rope"):
+        assert main(["train", "--plugin", "overflow.py", "--scheme", scheme, *tiny]) == 0
+    capsys.readouterr()
+    assert main(["extrapolate", "--plugin", "overflow.py", "--lengths", "32,128,1024", "--tokens", "1024",
+                 "--no-key-tokens"]) == 1
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "1 row(s) failed (overflow-" in err and "non-finite loss (nan) at 1024 positions" in err, err
+    rows = results.read_rows(tmp_path / "runs" / "extrapolation.csv")
+    status = {(r["scheme"], r["eval_len"]): r["status"] for r in rows}
+    assert status == {("overflow", "32"): "ok", ("overflow", "128"): "ok", ("overflow", "1024"): "failed",
+                      ("rope", "32"): "ok", ("rope", "128"): "ok", ("rope", "1024"): "ok"}, status
+    failed = next(r for r in rows if r["status"] == "failed")
+    assert failed["reason"].startswith("non-finite loss (nan) at 1024 positions, first at position "), failed
+    assert "failed" in out
+    for name in ("extrapolation.png", "positions.png", "effective_length.csv", "positions.csv", "windows.csv"):
+        assert (tmp_path / "runs" / name).is_file(), name
+    assert main(["report", "runs"]) == 0
+    assert "| failed |" in (tmp_path / "runs" / "report.md").read_text()
+    capsys.readouterr()
+    assert main(["paired", "overflow", "rope", "--lengths", "1024"]) == 0
+    assert "no verdict: overflow has a non-finite loss here" in capsys.readouterr().out.replace("\n", " ")
