@@ -22,7 +22,7 @@ from posbench.effective import LEARNED, SHARE, THRESHOLD, TOLERANCE
 from posbench.errors import PosbenchError, did_you_mean
 from posbench.knobs import UNLESS_DEFAULT, check_fields, knob
 from posbench.policies import POLICIES, from_eval, get_policy, specs
-from posbench.ranges import MAX_INT, Range, at_least, between, non_negative, one_of, positive
+from posbench.ranges import MAX_INT, Range, at_least, check_number, between, non_negative, one_of, positive
 
 TASK_VERSION = 1
 EVAL_MODES = ("nonoverlap", "sliding")
@@ -513,7 +513,7 @@ def check_workers(value: Any) -> int | str:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise PosbenchError(f"workers must be a number of processes from 1 up, or \"auto\"; got {value!r}")
-    return value
+    return check_number(value, "workers")
 
 
 ENSEMBLE = ("auto", "off")
@@ -528,7 +528,10 @@ def check_ensemble(value: Any) -> int | str:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise PosbenchError(f'ensemble must be "auto", "off" or a number of members from 1 up; got {value!r}')
-    return value
+    return check_number(value, "ensemble")
+
+
+MAX_SEEDS = 100_000  # seeds in one range of --seeds: more is a typo, and a list that fills the memory
 
 
 def parse_seeds(text: str | Iterable[int]) -> tuple[int, ...]:
@@ -546,6 +549,10 @@ def parse_seeds(text: str | Iterable[int]) -> tuple[int, ...]:
                 raise PosbenchError(f"bad seeds {text!r}: expected seeds or ranges, e.g. 0-3 or 0,1,2") from None
             if last < first:
                 raise PosbenchError(f"bad seeds {text!r}: the range {part} runs backwards")
+            check_number(last, "seeds")  # the task key's line, before a list of that many is built
+            if last - first >= MAX_SEEDS:
+                raise PosbenchError(f"bad seeds {text!r}: the range {part} holds {last - first + 1} seeds "
+                                    f"(at most {MAX_SEEDS})")
             seeds += range(first, last + 1)
         seeds = tuple(seeds)
     check_seed(*seeds)

@@ -94,6 +94,11 @@ SEEDS = REPO / "results" / "probes" / "seeds"  # read, never written
     (["train", "--scheme", "rope", "--param", "base=inf"], "parameter base of scheme 'rope' must be a finite number, got inf"),
     (["train", "--scheme", "t5", "--param", f"num_buckets={HUGE}"], "parameter num_buckets of scheme 't5' is too large"),
     (["run", "quick", "--shard", "7/7"], "shard 7/7 of task quick holds no runs: the grid has 6 runs"),
+    # refused as the task keys are, before a list of that many workers, seeds or members is built
+    (["run", "quick", "--workers", "99999999999"], "workers is too large: 99999999999"),
+    (["train", "--scheme", "rope", "--seeds", "0-99999999999"], "seeds is too large: 99999999999"),
+    (["train", "--scheme", "rope", "--seeds", "0-1", "--ensemble", "99999999999"], "ensemble is too large"),
+    (["train", "--scheme", "rope", "--seeds", "5-999999"], "the range 5-999999 holds 999995 seeds (at most 100000)"),
 ])
 def test_bad_flag_value(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # nothing may be written anywhere
