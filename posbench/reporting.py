@@ -502,8 +502,7 @@ def write_report(directory: Path | str, tolerance: float | None = None, threshol
     """report.md and PNG plots from the CSVs in `directory`, and effective_length.csv (perplexity
     within `tolerance` of in-distribution, accuracy at least `threshold`)."""
     directory = Path(directory)
-    for table in results.TABLES:  # every table checked before anything is written: a damaged one changes nothing
-        results.read_rows(results.table_path(directory, table))
+    results.check_folder(directory)  # every table before anything is written: a damaged one changes nothing
     read = lambda t: pd.DataFrame(results.read_rows(results.table_path(directory, t)))  # noqa: E731
     runs, ext, pos, speed = read("runs"), read("extrapolation"), read("positions"), read("speed")
     probes = results.read_probes(directory)

@@ -179,6 +179,20 @@ def table_path(directory: Path | str, table: str) -> Path:
     return Path(directory) / f"{table}.csv"
 
 
+def check_folder(directory: Path | str) -> None:
+    """A results folder before anything is computed for it (a model loaded, a prompt judged): a
+    folder or none yet, under folders, and every table in it readable (one line otherwise), so a
+    command that would be refused at its first write is refused at once."""
+    directory = Path(directory)
+    for place in (directory, *directory.parents):
+        if place.exists():
+            if not place.is_dir():
+                raise PosbenchError(f"{place} exists and is not a directory")
+            break
+    for table in TABLES:
+        read_rows(table_path(directory, table))
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"

@@ -18,6 +18,7 @@ pytest.importorskip("transformers", reason="the pretrained extra (transformers) 
 
 from posbench import config, pretrained, probing, results  # noqa: E402
 from posbench.cli import main  # noqa: E402
+from conftest import snapshot  # noqa: E402
 from posbench.errors import PosbenchError  # noqa: E402
 from posbench.policies import RopeScaling  # noqa: E402
 from tests.conftest import write_corpus  # noqa: E402
@@ -569,3 +570,24 @@ def test_a_gguf_file_cut_short_is_named_so(tmp_path):
         (tmp_path / "cut.gguf").write_bytes(f.read(100_000))  # inside the header's key-value pairs
     with pytest.raises(PosbenchError, match=r"the file, 100,000 bytes, ends before the data its header describes"):
         pretrained.load(f"gguf:{tmp_path / 'cut.gguf'}")
+
+
+@pytest.mark.parametrize("damaged", ["prompts.csv", "probes.csv", "file"])
+@pytest.mark.parametrize("command", [["probe", "--probe", "passkey", "--resume"], ["extrapolate"]])
+def test_the_output_folder_is_checked_before_the_model_loads(tmp_path, capsys, monkeypatch, damaged, command):
+    """A refusal of --out (a damaged table in it, or a file) is the command's one line, before the
+    loader's, and leaves the files as they were."""
+    loaded = []
+    monkeypatch.setattr(pretrained, "load", lambda *args, **kwargs: loaded.append(args) or 1 / 0)
+    out = tmp_path / "out"
+    if damaged == "file":
+        out.write_text("not a folder\n")
+    else:
+        out.mkdir()
+        (out / damaged).write_text("run_id,probe\nhf:m@0\n")
+    before = snapshot(tmp_path)
+    assert main([*command, "--model", "hf:somewhere", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    said = "exists and is not a directory" if damaged == "file" else f"{out / damaged}"
+    assert len(err) == 1 and said in err[0] and loaded == [], err
+    assert snapshot(tmp_path) == before

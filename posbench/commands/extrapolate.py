@@ -49,6 +49,7 @@ def extrapolate(
 
         if attention:
             raise PosbenchError("--attention measures posbench's own models; a pretrained model has no such path")
+        results.check_folder(out_dir)  # before the model loads
         rows = pretrained.extrapolate(model or t.pretrained, cfg, t.data.spec, out_dir, t.name, progress,
                                       task_folder(task), resolve_device(device), dtype or t.pretrained_dtype)
     else:

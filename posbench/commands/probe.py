@@ -63,6 +63,7 @@ def probe(
         from posbench.device import resolve_device
 
         dev, rows, precision = resolve_device(device), [], dtype or t.pretrained_dtype
+        results.check_folder(out_dir)  # before the model loads: a refusal is the command's one line
         for name in chosen:
             if name == "passkey":
                 rows += pretrained.passkey(model or t.pretrained, cfg, eval_cfg, cfg.lengths or t.eval.lengths,
