@@ -640,6 +640,8 @@ def parse_list(value: str | Iterable, item: type, what: str) -> tuple:
     if "" in parts:
         raise PosbenchError(f"bad {what} {value!r}: an empty item between commas")
     try:
+        if item is int and any(isinstance(p, (bool, float)) for p in parts):
+            raise ValueError  # int(32.5) is 32: a length that was not asked for
         return tuple(item(p) for p in parts)
     except (TypeError, ValueError):
         kind = {int: "integers", float: "numbers"}.get(item, "names")

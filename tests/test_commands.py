@@ -22,7 +22,7 @@ def test_every_command_is_an_api_function_and_a_command():
     group = typer.main.get_command(app)
     assert set(group.commands) == set(commands.NAMES) == {*posbench.API, "schemes"}
     for name in commands.NAMES:
-        assert getattr(posbench.api, name) is getattr(commands.module(name), name)
+        assert getattr(posbench.api, name).__wrapped__ is getattr(commands.module(name), name)
         assert name == "schemes" or getattr(posbench, name) is getattr(posbench.api, name)
         cli_options = {p.name for p in group.commands[name].params}
         api_keywords = set(inspect.signature(getattr(posbench.api, name)).parameters) - set(options.API_ONLY)
@@ -84,8 +84,43 @@ def test_an_unknown_keyword_gets_a_suggestion():
 
 
 def test_a_wrongly_typed_keyword_is_one_line():
-    with pytest.raises(PosbenchError, match="steps must be int, got 'abc'"):
+    with pytest.raises(PosbenchError, match="posbench.train: steps must be an integer, got 'abc'"):
         posbench.train("rope", steps="abc")
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: posbench.train("rope", seeds=1.5), "posbench.train: seeds must be a string"),
+    (lambda: posbench.train("rope", runs_dir=12345), "posbench.train: runs_dir must be a path (str or pathlib.Path), "
+                                                     "got 12345"),
+    (lambda: posbench.train(5, steps=1), "posbench.train: scheme must be a string"),
+    (lambda: posbench.train(), "posbench.train: missing a required argument: 'scheme'"),
+    (lambda: posbench.train("rope", "quick"), "posbench.train: too many positional arguments"),
+    (lambda: posbench.train("rope", steps=1.5), "posbench.train: steps must be an integer, got 1.5"),
+    (lambda: posbench.train("rope", resume="yes"), "posbench.train: resume must be True or False, got 'yes'"),
+    (lambda: posbench.table("headline", "results", seedz=True), "unknown keyword of posbench.table 'seedz'; did you "
+                                                               "mean 'seeds'"),
+    (lambda: posbench.table("headline", 5), "posbench.table: directory must be a path or a list of paths, got 5"),
+    (lambda: posbench.extrapolate(lengths=[True]), "posbench.extrapolate: lengths must be a string"),
+    (lambda: posbench.api.schemes(format="jsn"), "did you mean 'json'"),
+])
+def test_every_argument_of_the_api_is_typed_as_its_flag(call, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PosbenchError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        call()
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_api_list_is_refused_as_its_text_is_and_no_row_is_rewritten(tmp_path, monkeypatch):
+    """lengths=[32.5] is `--lengths 32.5`, refused before any run is scored (int(32.5) scored the
+    32-token rows again, at the task's default number of tokens)."""
+    from posbench import evaluate
+
+    monkeypatch.setattr(evaluate, "extrapolate", lambda *args, **kwargs: pytest.fail("scored"))
+    for lengths in ([32.5], [32.0], "64.5"):
+        with pytest.raises(PosbenchError, match="expected comma-separated integers"):
+            posbench.extrapolate(lengths=lengths, runs_dir=tmp_path)
+    with pytest.raises(PosbenchError, match=r"bad lengths \[32.5\]"):
+        config.parse_list([32.5], int, "lengths")
 
 
 def test_list_options_take_a_list_or_comma_separated_text():
