@@ -21,11 +21,19 @@ USAGE_ERRORS = tuple({click.ClickException, getattr(typer, "TyperException", cli
 ABORTS = tuple({click.exceptions.Abort, typer.Abort})
 
 INTERRUPTED = "stopped before the command finished; what it had written is kept"
+STARTING = "while starting; nothing was read or written"  # as posbench.__main__ says it
 
 
 class Commands(typer.core.TyperGroup):
-    """typer answers a Ctrl-C inside a command with a silent exit 130: it goes on to `main`
-    instead, as Interrupted, which says in one line what was kept."""
+    """typer answers a Ctrl-C with a silent exit 130 while it reads the command line (its first
+    reading imports and builds its parameter types: a few tenths of a second) and inside a
+    command: it goes on to `main` instead, as Interrupted, which says in one line what was kept."""
+
+    def make_context(self, *args, **kwargs):
+        try:
+            return super().make_context(*args, **kwargs)
+        except KeyboardInterrupt:
+            raise Interrupted(STARTING) from None
 
     def invoke(self, ctx):
         try:

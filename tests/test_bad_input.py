@@ -432,6 +432,18 @@ def test_ctrl_c_while_importing(module, said):
     assert proc.stderr.strip() == said
 
 
+def test_ctrl_c_while_the_command_line_is_read(capsys, monkeypatch):
+    """typer's first reading of the command line builds its parameter types (a few tenths of a
+    second after the imports): a Ctrl-C there is the starting line too, not a silent exit 130."""
+    import typer
+
+    def pressed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(typer.core.TyperGroup, "parse_args", pressed)
+    fails(["schemes"], capsys, "interrupted: while starting; nothing was read or written", code=130)
+
+
 def test_ctrl_c_before_the_first_step(trained, capsys, tmp_path, monkeypatch):
     from posbench import training as train
 
