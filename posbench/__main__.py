@@ -11,7 +11,11 @@ import sys
 def main() -> int:
     try:
         from posbench.cli import main as run
-    except KeyboardInterrupt:
+    except BaseException as e:  # a Ctrl-C, or the RuntimeError a library's import wraps it in
+        from posbench.errors import interrupted
+
+        if not interrupted(e):
+            raise
         print("interrupted: while starting; nothing was read or written", file=sys.stderr)
         return 130
     try:

@@ -14,7 +14,7 @@ import typer
 from posbench import commands, plugins
 from posbench.commands import err, plain
 from posbench.commands.options import API_ONLY
-from posbench.errors import Interrupted, PosbenchError, out_of_memory
+from posbench.errors import Interrupted, PosbenchError, interrupted, on_interrupt, out_of_memory
 
 # typer may vendor its own click: catch both.
 USAGE_ERRORS = tuple({click.ClickException, getattr(typer, "TyperException", click.ClickException)})
@@ -30,16 +30,12 @@ class Commands(typer.core.TyperGroup):
     command: it goes on to `main` instead, as Interrupted, which says in one line what was kept."""
 
     def make_context(self, *args, **kwargs):
-        try:
+        with on_interrupt(STARTING):
             return super().make_context(*args, **kwargs)
-        except KeyboardInterrupt:
-            raise Interrupted(STARTING) from None
 
     def invoke(self, ctx):
-        try:
+        with on_interrupt(INTERRUPTED):
             return super().invoke(ctx)
-        except KeyboardInterrupt:
-            raise Interrupted(INTERRUPTED) from None
 
 
 EPILOG = ("Every command also takes --plugin FILE_OR_MODULE (repeatable: schemes and probes of your own) and "
@@ -123,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 def _one_line(e: BaseException) -> int:
     """The exit code of `e`, said in one line on stderr."""
     try:
-        raise plugins.as_error(e)
+        raise Interrupted(INTERRUPTED) if interrupted(e) else plugins.as_error(e)
     except Interrupted as e:
         err.print(f"interrupted: {e}", markup=False, highlight=False, soft_wrap=True)
         return 130
@@ -136,9 +132,6 @@ def _one_line(e: BaseException) -> int:
     except USAGE_ERRORS as e:
         err.print(f"error: {e.format_message()}", markup=False, highlight=False, soft_wrap=True)
         return getattr(e, "exit_code", 2)
-    except KeyboardInterrupt:
-        err.print(f"interrupted: {INTERRUPTED}", markup=False, highlight=False, soft_wrap=True)
-        return 130
     except OSError as e:  # the file system refused: read-only, full, a file where a folder goes
         err.print(f"error: {_file_system_error(e)}", markup=False, highlight=False, soft_wrap=True)
         return 2

@@ -37,8 +37,24 @@ def on_interrupt(kept: str):
     """Turn a Ctrl-C inside the block into Interrupted(`kept`): what stays on disk, and how to go on."""
     try:
         yield
-    except KeyboardInterrupt:
-        raise Interrupted(kept) from None
+    except BaseException as e:
+        if interrupted(e):
+            raise Interrupted(kept) from None
+        raise
+
+
+def interrupted(e: BaseException) -> bool:
+    """Whether `e` is a Ctrl-C or an error one caused, not yet said as Interrupted: Python wraps a
+    KeyboardInterrupt raised while a class body is set up (`__set_name__`, as a library's import
+    runs) in a RuntimeError, and a library may raise its own error while handling one."""
+    seen: set[int] = set()
+    cause: BaseException | None = e
+    while cause is not None and id(cause) not in seen and not isinstance(cause, PosbenchError):
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 @contextlib.contextmanager

@@ -444,6 +444,21 @@ def test_ctrl_c_while_the_command_line_is_read(capsys, monkeypatch):
     fails(["schemes"], capsys, "interrupted: while starting; nothing was read or written", code=130)
 
 
+def test_ctrl_c_that_a_library_wraps_is_one_line(capsys, monkeypatch):
+    """Python wraps a KeyboardInterrupt raised while a class is set up (a library's import, such as
+    datasets' in the first seconds of `train`) in a RuntimeError: still the one line and 130."""
+    from posbench.commands import schemes
+
+    def wrapped(*args, **kwargs):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as e:
+            raise RuntimeError("Error calling __set_name__ on 'Field' instance 'name' in 'SplitInfo'") from e
+
+    monkeypatch.setattr(schemes, "show", wrapped)
+    fails(["schemes"], capsys, "interrupted: stopped before the command finished", code=130)
+
+
 def test_ctrl_c_before_the_first_step(trained, capsys, tmp_path, monkeypatch):
     from posbench import training as train
 
