@@ -17,11 +17,22 @@ def main() -> int:
         if not interrupted(e):
             raise
         print("interrupted: while starting; nothing was read or written", file=sys.stderr)
-        return 130
+        return said(130)
     try:
-        return run()
+        return said(run())
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def said(code: int) -> int:
+    """`code`, as the process's exit status. CPython remembers a KeyboardInterrupt that ended code
+    it ran from C (an extension's import runs some so), even one the command then answered, and a
+    `python -m` process killed itself with SIGINT at exit for it (status -2, not 130, in about one
+    Ctrl-C in ten during start-up). Running a line from C clears that record."""
+    import ctypes
+
+    ctypes.pythonapi.PyRun_SimpleString(b"")
+    return code
 
 
 if __name__ == "__main__":

@@ -444,6 +444,21 @@ def test_ctrl_c_while_the_command_line_is_read(capsys, monkeypatch):
     fails(["schemes"], capsys, "interrupted: while starting; nothing was read or written", code=130)
 
 
+def test_the_exit_status_is_the_commands_after_a_ctrl_c_in_code_run_from_c(tmp_path):
+    """A KeyboardInterrupt that ended code CPython ran from C (an extension's import), then
+    answered, made `python -m posbench` kill itself with SIGINT at exit (status -2, not 130)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "stopped.py").write_text("import ctypes\n"
+                                          "ctypes.pythonapi.PyRun_SimpleString(b'raise KeyboardInterrupt')\n"
+                                          "from posbench.__main__ import said\n"
+                                          "raise SystemExit(said(130))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "stopped"], cwd=tmp_path, capture_output=True, env=env, timeout=60)
+    assert proc.returncode == 130, proc
+
+
 def test_ctrl_c_that_a_library_wraps_is_one_line(capsys, monkeypatch):
     """Python wraps a KeyboardInterrupt raised while a class is set up (a library's import, such as
     datasets' in the first seconds of `train`) in a RuntimeError: still the one line and 130."""
