@@ -164,6 +164,17 @@ def test_a_plugin_trains_extrapolates_probes_and_times(registry, tmp_path, corpu
     assert len(ids) == 2 and ids[0] != ids[1] and all(i.startswith("my-pe-") for i in ids)
 
 
+def test_train_takes_a_scheme_from_the_task_files_plugins(registry, tmp_path, corpus_dir, capsys):
+    """`posbench train --task T --scheme S` where S comes from T's own plugins = [...]."""
+    (tmp_path / "pe").mkdir()
+    write(tmp_path / "pe" / "my_pe.py", GOOD.format(name="my-pe"))
+    task = tmp_path / "pe" / "grid.toml"
+    task.write_text('plugins = ["my_pe.py"]\nschemes = ["my-pe"]\n' + TINY_TASK.format(corpus=corpus_dir))
+    assert main(["train", "--task", str(task), "--scheme", "my-pe", "--steps", "1",
+                 "--runs-dir", str(tmp_path / "runs")]) == 0
+    assert [r["scheme"] for r in results.read_rows(tmp_path / "runs" / "runs.csv")] == ["my-pe"]
+
+
 @pytest.mark.slow
 def test_a_task_with_plugins_runs_sharded_and_resumes(tmp_path, corpus_dir):
     """In fresh processes, as Slurm shards run: the task's plug-in path is relative to the task."""

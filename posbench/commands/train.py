@@ -48,8 +48,8 @@ def train(
     if resume and overwrite:
         raise PosbenchError("--resume continues a run and --overwrite trains it again from scratch: give one")
     load_plugins(plugins)
+    t = config.load_task(task)  # first: its plug-ins may register the scheme
     scheme = layout.check(scheme)
-    t = config.load_task(task)
     data = settings(t.data, given)
     t = dataclasses.replace(
         t, data=data, model=settings(t.model, given),
