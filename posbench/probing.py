@@ -121,6 +121,32 @@ def gate(rows: list[dict], threshold: float) -> list[dict]:
     return rows
 
 
+def same_prompts(row: dict, base_row: dict) -> bool:
+    """Whether a kept row is of this model, probe, prompt spec and seed (so of the same prompts)."""
+    return all(row[k] == str(base_row[k]) for k in ("run_id", "probe", "spec", "seed"))
+
+
+def kept_rows(out: Path, base_row: dict) -> dict[tuple, dict]:
+    """out/probes.csv's rows of this model, probe, prompt spec and seed, by (policy, extension,
+    length, variant, prompts): the cells `--resume` does not read again. Counts come back as
+    numbers; a row gated `not learned` comes back `ok`, its gate's reason dropped (the gate is
+    drawn again over the kept and the new rows); a failed or unsupported cell is not kept."""
+    kept = {}
+    for r in results.read_rows(results.table_path(out, "probes")):
+        if same_prompts(r, base_row) and r["status"] in ("ok", NOT_LEARNED):
+            row = {**r, **{k: int(r[k]) for k in ("eval_len", "train_len", "answers", "hits", "trials", "exact")}}
+            if r["status"] == NOT_LEARNED:
+                reasons = [x for x in r["reason"].split("; ") if not x.endswith(GATED)]
+                row.update(status="ok", reason="; ".join(reasons))
+            kept[(r["scaling"], r["extension"], row["eval_len"], r["variant"], row["trials"])] = row
+    return kept
+
+
+def same_reading(kept: dict, row: dict) -> bool:
+    """Whether a kept row was read as `row` would be: the same policy file and position draws."""
+    return all(str(kept[k]) == str(row[k]) for k in (results.POLICY_SHA, "position_draws"))
+
+
 def row_keys(spec: RunSpec, cfg: ProbesConfig, eval_cfg: EvalConfig, layout) -> set[tuple[str, ...]]:
     """The probes.csv keys that scoring this run writes."""
     probe = probe_of(spec)
@@ -132,8 +158,10 @@ def row_keys(spec: RunSpec, cfg: ProbesConfig, eval_cfg: EvalConfig, layout) -> 
 
 
 def evaluate_run(run_dir: Path, cfg: ProbesConfig, eval_cfg: EvalConfig, device: str = "auto",
-                 task: str | None = None) -> list[dict]:
-    """probes.csv rows of one finished run: every eval-time variant x length x probe variant."""
+                 task: str | None = None, resume: Path | None = None) -> list[dict]:
+    """probes.csv rows of one finished run: every eval-time variant x length x probe variant.
+    `resume` (a folder): a length whose rows its probes.csv holds already for this run, probe,
+    prompts and policy (the same plug-in file, position draws and trials) is kept, not read again."""
     dev = resolve_device(device)
     spec, model, _ = load_trained(run_dir, dev)
     probe = probe_of(spec)
@@ -151,6 +179,7 @@ def evaluate_run(run_dir: Path, cfg: ProbesConfig, eval_cfg: EvalConfig, device:
         **results.provenance(dev.type, spec.train.dtype, probe_corpus(spec.data)[1]),
     }
     draws = max(1, base["position_draws"])
+    kept = kept_rows(resume, base) if resume is not None else {}
     rows = []
     for variant in variants_for(spec, eval_cfg, model.layout):
         model.layout.set_scaling(variant.scaling)
@@ -161,6 +190,10 @@ def evaluate_run(run_dir: Path, cfg: ProbesConfig, eval_cfg: EvalConfig, device:
                       "scaling": variant.scaling_label, "extension": variant.extension, **variant.scaling.provenance(),
                       "backend": model.layout.backends(dev, model.backend)}
             labels = [probe.variant_label(v) for v in variants]
+            old = [kept.get((variant.scaling_label, variant.extension, length, lab, cfg.trials)) for lab in labels]
+            if all(old) and all(same_reading(r, common) for r in old):  # --resume: this length is read already
+                group += old
+                continue
             prompts = [p for v in variants for p in cells[(length, v)]]
             judged: list[list[bool]] = []
             note = ""
@@ -198,8 +231,9 @@ def scoring_kept(run_dir: Path, scored: int, out: Path) -> str:
 
 def evaluate(runs_dir: Path | str, cfg: ProbesConfig, eval_cfg: EvalConfig, probes: tuple[str, ...],
              schemes: tuple[str, ...] | None = None, out: Path | str | None = None, device: str = "auto",
-             progress: bool = False) -> list[dict]:
-    """Scores of every finished run trained on one of `probes` (names), merged into out/probes.csv."""
+             progress: bool = False, resume: bool = False) -> list[dict]:
+    """Scores of every finished run trained on one of `probes` (names), merged into out/probes.csv
+    (`resume`: the cells out/probes.csv holds already are kept, evaluate_run)."""
     runs = []
     for run_dir in find_runs(runs_dir, schemes):
         spec, _ = load_spec(run_dir)
@@ -222,7 +256,7 @@ def evaluate(runs_dir: Path | str, cfg: ProbesConfig, eval_cfg: EvalConfig, prob
         for k, run_dir in enumerate(runs):
             bar.update(job, description=f"probe {run_dir.name}")
             with on_interrupt(scoring_kept(run_dir, k, out)):
-                rows = evaluate_run(run_dir, cfg, eval_cfg, device)
+                rows = evaluate_run(run_dir, cfg, eval_cfg, device, resume=out if resume else None)
             results.merge_rows(out, "probes", rows)
             all_rows += rows
             bar.advance(job)

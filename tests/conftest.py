@@ -60,6 +60,16 @@ def write_corpus(directory: Path, n_docs: int = 60, words: int = 400, seed: int 
     return directory
 
 
+def pretrained_task(folder: Path, tmp_path: Path) -> Path:
+    """A task file that reads the Hugging Face model in `folder` on a small corpus of its own, at
+    lengths 32 and 64 over 128 tokens."""
+    corpus = write_corpus(tmp_path / "corpus", n_docs=4, words=200)
+    task = tmp_path / "mine.toml"
+    task.write_text(f'schemes = []\n[data]\nspec = "files:{corpus}/*.txt"\n[model]\npretrained = "hf:{folder}"\n'
+                    "[eval]\nlengths = [32, 64]\ntokens = 128\n")
+    return task
+
+
 @pytest.fixture(scope="session")
 def corpus_dir(tmp_path_factory) -> Path:
     return write_corpus(tmp_path_factory.mktemp("corpus"))

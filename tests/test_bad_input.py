@@ -78,7 +78,7 @@ SEEDS = REPO / "results" / "probes" / "seeds"  # read, never written
     (["probe", "--probe", "passkey", "--lengths", ""], "bad lengths '': empty"),
     (["probe", "--probe", "passkey:digits=nan"], "bad digits 'nan'"),
     (["probe", "--probe", "ruler:niah_singel_1"], "unknown ruler task 'niah_singel_1'; did you mean 'niah_single_1'"),
-    (["probe", "--probe", "ruler:cwe"], "ruler:cwe is one of RULER's prompts for a pretrained model: add --model"),
+    (["probe", "--probe", "ruler:cwe"], "ruler:cwe reads text through the model's tokenizer, for --model: add --model"),
     (["probe", "--probe", "ruler:vt", "--model", "hf:nowhere", "--ruler-essay", "wiki"], "bad ruler essay 'wiki'"),
     (["compare", "a", "b", "--rtol", "nan"], "rtol must be a finite number >= 0"),
     (["compare", "a", "b", "--rtol", "inf"], "rtol must be a finite number >= 0"),

@@ -358,13 +358,10 @@ def test_pretrained_freq_band_and_dope(llama):
 
 @pytest.mark.slow
 def test_pretrained_commands_under_the_new_policies(llama, tmp_path):
-    from tests.conftest import write_corpus
+    from tests.conftest import pretrained_task
 
     folder, _ = llama
-    corpus = write_corpus(tmp_path / "corpus", n_docs=4, words=200)
-    task = tmp_path / "mine.toml"
-    task.write_text(f'schemes = []\n[data]\nspec = "files:{corpus}/*.txt"\n[model]\npretrained = "hf:{folder}"\n'
-                    "[eval]\nlengths = [32, 64]\ntokens = 128\n")
+    task = pretrained_task(folder, tmp_path)
     out = tmp_path / "out"
     assert main(["extrapolate", "--task", str(task), "--rope-scaling", "none,dpe,dope,freq-band", "--out", str(out)]) == 0
     rows = {(r["scaling"], r["eval_len"]): r for r in results.read_rows(out / "extrapolation.csv")}

@@ -21,7 +21,7 @@ from posbench.cli import main  # noqa: E402
 from conftest import snapshot  # noqa: E402
 from posbench.errors import PosbenchError  # noqa: E402
 from posbench.policies import RopeScaling  # noqa: E402
-from tests.conftest import write_corpus  # noqa: E402
+from tests.conftest import pretrained_task, write_corpus  # noqa: E402
 
 pytestmark = pytest.mark.slow  # end to end: the fast tier (-m 'not slow') leaves it out
 REPO = Path(__file__).resolve().parent.parent
@@ -254,10 +254,7 @@ def test_a_missing_extra_is_one_line(monkeypatch):
 def test_the_commands_write_every_table(folder, tmp_path, capsys):
     """extrapolate and probe with --model: rows keyed by the model, one per policy and length, windows
     for paired comparisons, passkey rows with Wilson intervals; bad input is one line, exit 2."""
-    corpus = write_corpus(tmp_path / "corpus", n_docs=4, words=200)
-    task = tmp_path / "mine.toml"
-    task.write_text(f'schemes = []\n[data]\nspec = "files:{corpus}/*.txt"\n[model]\npretrained = "hf:{folder}"\n'
-                    "[eval]\nlengths = [32, 64]\ntokens = 128\n")
+    task = pretrained_task(folder, tmp_path)
     out = tmp_path / "out"
     assert main(["extrapolate", "--task", str(task), "--rope-scaling", "none,pi,yarn,self-extend",
                  "--self-extend-group", "2", "--self-extend-window", "8", "--out", str(out)]) == 0
@@ -390,7 +387,7 @@ def test_bfloat16_is_the_same_model_in_rows_of_its_own(folder, tmp_path, capsys)
 def test_an_interrupted_probe_resumes_at_the_length_it_lost(folder, tmp_path, monkeypatch, capsys):
     """A pretrained model's probe writes each length's rows as it finishes; --resume reads only
     the cells --out lacks (a policy added later, a length lost to an interruption) and keeps the
-    rest as they are. Without --model it is refused in one line."""
+    rest as they are."""
     out = tmp_path / "out"
     real, calls = pretrained.drivers.ruler_verdicts, []
 
@@ -437,9 +434,6 @@ def test_an_interrupted_probe_resumes_at_the_length_it_lost(folder, tmp_path, mo
     calls[:] = []
     assert main(command + ["--rope-scaling", "none", "--trials", "4", "--resume"]) == 0
     assert len(calls) == 1 + 2  # a kept verdict of another prompt is not reused; the fourth prompts are new
-    capsys.readouterr()
-    assert main(["probe", "--runs-dir", str(tmp_path), "--probe", "mqar", "--resume"]) == 2
-    assert "--resume keeps the rows of a pretrained model's prompts" in capsys.readouterr().err
 
 
 def test_no_pretrained_row_is_gated_and_resume_ungates_an_earlier_ones(tmp_path):
@@ -591,3 +585,54 @@ def test_the_output_folder_is_checked_before_the_model_loads(tmp_path, capsys, m
     said = "exists and is not a directory" if damaged == "file" else f"{out / damaged}"
     assert len(err) == 1 and said in err[0] and loaded == [], err
     assert snapshot(tmp_path) == before
+
+
+def test_a_policy_failing_at_one_length_writes_a_failed_row_and_reads_the_others(folder, tmp_path, monkeypatch,
+                                                                                  capsys):
+    """Perplexity and probes of a pretrained model: a forward that raises at one length gives that
+    length's rows status `failed` with the error's first line, the other lengths (and policies) are
+    read, and the command exits 1 with one line; --resume reads the failed length again."""
+    real_losses, real_greedy = pretrained.Pretrained.token_losses, pretrained.Pretrained.greedy
+
+    def losses(self, tokens):
+        if tokens.shape[1] - 1 == 64:
+            raise RuntimeError("index 70 is out of bounds for dimension 0\nsecond line")
+        return real_losses(self, tokens)
+
+    def greedy(self, prompt, steps, to_end=False):
+        if len(prompt) > 1000:  # the prompt of length 1400 (813 tokens at 1024: RULER fits whole haystack units)
+            raise ValueError("the policy cannot read 1400 tokens")
+        return real_greedy(self, prompt, steps, to_end)
+
+    monkeypatch.setattr(pretrained.Pretrained, "token_losses", losses)
+    monkeypatch.setattr(pretrained.Pretrained, "greedy", greedy)
+    task = pretrained_task(folder, tmp_path)
+    out = tmp_path / "out"
+    assert main(["extrapolate", "--task", str(task), "--rope-scaling", "none,yarn", "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: 2 row(s) failed (hf:tiny-llama@") and "RuntimeError: index 70" in err[-1], err
+    assert "position_limit()" in err[-1]  # an index past a table: the hint to declare its limit
+    rows = {(r["scaling"], r["eval_len"]): r for r in results.read_rows(out / "extrapolation.csv")}
+    assert sorted(rows) == [("none", "32"), ("none", "64"), ("yarn", "32"), ("yarn", "64")]
+    for scaling in ("none", "yarn"):
+        assert rows[(scaling, "32")]["status"] == "ok" and math.isfinite(float(rows[(scaling, "32")]["ppl"]))
+        bad = rows[(scaling, "64")]
+        assert bad["status"] == "failed" and bad["tokens"] == "0" and bad["ppl"] == ""
+        assert bad["reason"].startswith("at 64 positions: RuntimeError: index 70 is out of bounds for dimension 0")
+        assert "second line" not in bad["reason"]
+    assert {p["eval_len"] for p in results.read_rows(out / "positions.csv")} == {"32"}
+    command = ["probe", "--model", f"hf:{folder}", "--probe", "ruler:niah_single_1", "--lengths", "1024,1400",
+               "--trials", "1", "--rope-scaling", "none,yarn", "--out", str(out)]
+    assert main(command) == 1
+    probes = {(r["scaling"], r["eval_len"]): r for r in results.read_probes(out)}
+    assert sorted(probes) == [("none", "1024"), ("none", "1400"), ("yarn", "1024"), ("yarn", "1400")]
+    for scaling in ("none", "yarn"):
+        assert probes[(scaling, "1024")]["status"] == "ok" and probes[(scaling, "1024")]["answers"] == "1"
+        bad = probes[(scaling, "1400")]
+        assert bad["status"] == "failed" and bad["answers"] == "" and bad["trials"] == "1"
+        assert bad["reason"] == "at 1400 positions: ValueError: the policy cannot read 1400 tokens"
+    monkeypatch.setattr(pretrained.Pretrained, "greedy", real_greedy)
+    assert main(command + ["--resume"]) == 0  # the failed cells are read again, the others kept
+    again = {(r["scaling"], r["eval_len"]): r for r in results.read_probes(out)}
+    assert again[("none", "1024")] == probes[("none", "1024")]
+    assert all(r["status"] == "ok" for r in again.values())

@@ -500,6 +500,42 @@ def test_probe_cli_scores_runs_of_the_probe(probe_run, tmp_path, capsys):
     assert len(results.read_rows(out / "probes.csv")) == len(rows)
 
 
+def test_probe_resume_reads_only_the_cells_out_lacks(probe_run, tmp_path, monkeypatch, capsys):
+    """--resume on trained runs: a cell --out holds for the same run, probe, prompts and policy is kept
+    as written (its `created` too) and no forward reads it; a new length or policy is read, and the
+    gate is drawn again over kept and new rows; other prompts (trials, seed) are not kept."""
+    _, runs, _ = probe_run
+    out = tmp_path / "out"
+    real, calls = probing.verdicts, []
+
+    def counted(model, prompts, *args, **kwargs):
+        calls.append(len(prompts[0].tokens))
+        return real(model, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(probing, "verdicts", counted)
+    args = ["probe", "--probe", "copy", "--runs-dir", str(runs), "--trials", "2", "--scheme", "rope",
+            "--device", "cpu", "--out", str(out)]
+    assert main(args + ["--lengths", "32", "--rope-scaling", "none"]) == 0
+    first = {(r["run_id"], r["scaling"], r["eval_len"]): r for r in results.read_rows(out / "probes.csv")}
+    assert len(first) == 2 and calls  # rope and rope randomized (4 draws) at 32
+    calls[:] = []
+    assert main(args + ["--lengths", "32", "--rope-scaling", "none", "--resume"]) == 0
+    assert calls == []  # nothing read again
+    assert {(r["run_id"], r["scaling"], r["eval_len"]): r for r in results.read_rows(out / "probes.csv")} == first
+    assert main(args + ["--lengths", "32,64", "--rope-scaling", "none,yarn", "--resume"]) == 0
+    # rope: yarn at 32 and 64, none at 64; randomized (none only): 64, once per draw
+    assert sorted(calls) == [32, 64, 64] + [64] * 4
+    rows = {(r["run_id"], r["scaling"], r["eval_len"]): r for r in results.read_rows(out / "probes.csv")}
+    assert len(rows) == 2 + 4 and all(rows[k] == row for k, row in first.items())  # created unchanged
+    assert {r["status"] for r in rows.values()} == {"not learned"}  # two steps: the gate drawn over both
+    calls[:] = []
+    assert main(args[:-2] + ["--trials", "3", "--lengths", "32", "--rope-scaling", "none", "--resume", "--out",
+                             str(out)]) == 0
+    assert sorted(calls) == [32] * 5  # other prompts: read again
+    assert main(args + ["--lengths", "32", "--seed", "1", "--resume"]) == 2
+    assert "drop --seed 1 or --resume" in capsys.readouterr().err
+
+
 def test_lengths_too_short_for_a_probe_are_one_line_naming_its_shortest_and_score_nothing(probe_run, tmp_path,
                                                                                           capsys):
     _, runs, _ = probe_run
@@ -612,13 +648,50 @@ def test_probe_list(capsys):
     assert "RULER" in printed and "Zoology" in printed and "Kazemnejad" in printed
 
 
+def test_one_listing_of_every_probe_each_with_what_it_reads_and_pairings_from_it(capsys):
+    """--list: the symbolic probes, the text passkey and RULER's tasks in one table, each saying what
+    it reads; a probe given to the other kind of model is one line naming what it reads."""
+    from posbench import ruler
+    from posbench.commands.probe import catalogue
+    from posbench.probes.text import READS, TEXT_PROBES
+
+    rows = catalogue()
+    reads = {}
+    for r in rows:
+        reads.setdefault(r["name"], set()).add(r["reads"])
+    assert {n for n, r in reads.items() if READS["symbols"] in r} == set(PROBES)
+    assert {n for n, r in reads.items() if READS["text"] in r} == {"passkey", *(f"ruler:{t}" for t in ruler.TASKS)}
+    assert reads["passkey"] == set(READS.values()) and set(TEXT_PROBES) <= set(reads)
+    assert main(["probe", "--probe", "mqar", "--model", "hf:nowhere"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: mqar reads symbols, for trained runs: leave --model out"), err
+    assert "ruler:niah_single_1" in err[0]
+    assert main(["probe", "--probe", "ruler:vt,copy"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ruler:vt reads text through the model's tokenizer"), err
+
+
+def test_a_registered_probe_reads_symbols():
+    from posbench.probes import Probe, register
+
+    class Spoken(Probe):
+        name, summary, reference, reads = "spoken", "asks in words", "none", "text"
+
+    with pytest.raises(PosbenchError, match="sets reads = 'text': a registered probe reads posbench's symbols"):
+        register(Spoken)
+    assert "spoken" not in PROBES
+
+
 def test_probe_list_of_named_probes(capsys):
     assert main(["probe", "--list", "--probe", "mqar,passkey,mqar"]) == 0
     printed = capsys.readouterr().out
-    assert printed.count("│ mqar ") == 1 and printed.count("│ passkey ") == 1
+    assert printed.count("│ mqar ") == 1 and printed.count("│ passkey ") == 2  # passkey: symbols and text
     assert not any(f"│ {name} " in printed for name in NAMES if name not in ("mqar", "passkey"))
-    assert main(["probe", "--list", "--probe", "ruler:cwe"]) == 2
-    assert "RULER's prompts for a pretrained model" in capsys.readouterr().err
+    assert main(["probe", "--list", "--probe", "ruler:cwe,passkey"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("│ ruler:cwe ") == 1 and printed.count("│ passkey ") == 2 and "│ mqar " not in printed
+    assert main(["probe", "--list", "--probe", "ruler:cwx"]) == 2
+    assert "did you mean 'cwe'" in capsys.readouterr().err
     assert main(["probe", "--list", "--probe", "mqar:colour=red"]) == 2
     assert "unknown option 'colour'" in capsys.readouterr().err
 

@@ -25,8 +25,8 @@ PAGES = ('probes.md',)
 def probe(
     probe: Annotated[Optional[str], typer.Option(help="probe names, comma-separated (see --list)")] = None,
     *,
-    list_: Annotated[bool, typer.Option("--list", help="list the probes (those of --probe, or every one): settings "
-                                                       "and reference")] = False,
+    list_: Annotated[bool, typer.Option("--list", help="list the probes (those of --probe, or every one): what each "
+                                                       "reads, settings and reference")] = False,
     runs_dir: RunsDir = Path("runs"),
     task: Task = None,
     schemes: Schemes = None,
@@ -59,63 +59,50 @@ def probe(
     eval_cfg = settings(t.eval, {k: given.get(k) for k in ("position_draws", *config.POLICY_FLAGS)})
     out_dir = Path(out or runs_dir)
     if model or t.pretrained:
-        from posbench import pretrained
         from posbench.device import resolve_device
+        from posbench.probes.text import find
 
         dev, rows, precision = resolve_device(device), [], dtype or t.pretrained_dtype
         results.check_folder(out_dir)  # before the model loads: a refusal is the command's one line
         for name in chosen:
-            if name == "passkey":
-                rows += pretrained.passkey(model or t.pretrained, cfg, eval_cfg, cfg.lengths or t.eval.lengths,
-                                           out_dir, t.name, progress, task_folder(task), resume, dev, precision)
-            else:
-                rows += pretrained.ruler_probe(name, model or t.pretrained, cfg, eval_cfg, cfg.lengths or t.eval.lengths,
-                                               out_dir, t.name, progress, task_folder(task), resume, dev, precision)
-    elif resume:
-        raise PosbenchError("--resume keeps the rows of a pretrained model's prompts (--model); a trained run's "
-                            "probes are scored again in seconds")
+            rows += find(name, True).read(model or t.pretrained, cfg, eval_cfg, cfg.lengths or t.eval.lengths, out_dir,
+                                          t.name, progress, task_folder(task), resume, dev, precision)
     else:
         trained_only(dtype)
+        if resume and cfg.seed != config.ProbesConfig().seed:
+            raise PosbenchError(f"--resume keeps a trained run's cells read with the prompts of seed "
+                                f"{config.ProbesConfig().seed} (probes.csv names a trained run's seed, not its "
+                                f"prompts'): drop --seed {cfg.seed} or --resume")
         rows = probing.evaluate(Path(runs_dir), cfg, eval_cfg, tuple(probe_name(n) for n in chosen),
-                                scheme_names(schemes), out_dir, device, progress=progress)
+                                scheme_names(schemes), out_dir, device, progress=progress, resume=resume)
     reporting.write_report(out_dir, t.eval.effective_tolerance, t.eval.effective_threshold, t.eval.effective_share)
     return to_frame(rows, eval=eval_cfg, out=out_dir)
 
 
 def check_names(chosen: tuple[str, ...], model: bool) -> None:
-    """One line for a probe that is not one, or not one for this kind of model: RULER's tasks
-    (ruler:TASK) read text and are for pretrained models; the passkey test reads either; the
-    other probes are written in posbench's symbol vocabulary for the models it trains."""
-    from posbench import ruler
-    from posbench.probes import parse_probe
+    """One line for a probe that is not one, or not one for this kind of model (what it reads:
+    posbench's symbols for trained runs, text for a pretrained model; posbench.probes.text)."""
+    from posbench.probes.text import find
 
     for name in chosen:
-        if ruler.is_ruler(name):
-            ruler.task_of(name)
-            if not model:
-                raise PosbenchError(f"{name} is one of RULER's prompts for a pretrained model: add --model")
-        elif model and name != "passkey":
-            parse_probe(name)
-            raise PosbenchError(f"a pretrained model takes --probe passkey or ruler:TASK (ruler:{', ruler:'.join(ruler.TASKS)}):"
-                                f" {name} is written in posbench's symbol vocabulary for the models it trains")
-        else:
-            parse_probe(name)
+        find(name, model)
 
 
 def catalogue(chosen: Optional[Sequence[str]] = None) -> list[dict[str, str]]:
-    """A row per probe: those named, or every one."""
-    from posbench import ruler
-    from posbench.probes import PROBES, parse_probe, probe_name
+    """A row per probe, symbolic and text, each with what it reads: those named, or every one."""
+    from posbench.probes import parse_probe
+    from posbench.probes.text import READS, SYMBOLS, entries, listing
 
-    for spec in chosen or ():
-        if ruler.is_ruler(spec):
-            raise PosbenchError(f"{spec} is one of RULER's prompts for a pretrained model; --list lists the probes "
-                                f"posbench trains models on")
-        parse_probe(spec)
-    named = dict.fromkeys(probe_name(spec) for spec in chosen) if chosen else sorted(PROBES)
-    return [{"name": name, "what it asks": (p := parse_probe(name)).summary, "default settings": p.settings(),
-             "reference": p.reference, "source": plugins.describe(PROBES[name])}
-            for name in named]
+    named = {}
+    for name in chosen or ():
+        for e in entries(name):
+            if e.reads == SYMBOLS:
+                parse_probe(name)  # its options
+            named.setdefault((e.name, e.reads), e)
+    return [{"name": e.name, "reads": READS[e.reads], "what it asks": e.summary,
+             "default settings": parse_probe(e.name).settings() if e.reads == SYMBOLS else e.settings,
+             "reference": e.reference, "source": plugins.describe(e) if e.reads == SYMBOLS else "built-in"}
+            for e in (named.values() if chosen else listing())]
 
 
 def show(result: pd.DataFrame) -> int:
@@ -123,7 +110,7 @@ def show(result: pd.DataFrame) -> int:
 
     rows = result.attrs["rows"]
     if result.attrs.get("listing"):
-        table = Table(title="posbench probes (data spec: NAME[:key=value,...])", show_lines=True)
+        table = Table(title="posbench probes (--probe NAME[:key=value,...]), each with what it reads", show_lines=True)
         for col in rows[0]:
             table.add_column(col, overflow="fold")
         for row in rows:

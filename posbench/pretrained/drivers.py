@@ -15,13 +15,14 @@ import torch
 from posbench import results, ruler
 from posbench.config import EvalConfig, ProbesConfig
 from posbench.errors import PosbenchError
-from posbench.evaluate import (correlated_windows, detect_dpe, detection_windows, dpe_note, key_tokens,
+from posbench.evaluate import (correlated_windows, detect_dpe, detection_windows, dpe_note, failure, key_tokens,
                                loss_interval, position_rows, record, score, stride_for, window_rows, windows)
 from posbench.extension import columns as extension_columns
 from posbench.progress import Bar
 from posbench.probes import parse_probe
 from posbench.probing import counts, verdict_columns
 from posbench.policies import Policy, refuse_stale
+from posbench.schemes import PositionLimitError
 from posbench.pretrained.loading import load
 from posbench.pretrained.model import Pretrained, distinct, memory_line, policies, token_stream
 from posbench.pretrained.resume import judge_prompt, kept_prompts, kept_rows
@@ -66,17 +67,22 @@ def extrapolate(spec: str, cfg: EvalConfig, data: str, out: Path, task: str, pro
                        **scaling.provenance()}
                 key = distinct(m, scaling, length)
                 reason = ""
-                if scaling.detects:  # DPE's scales at this length, on validation windows of the corpus
-                    reason = dpe_note(detect_dpe(m, m.set_scaling, scaling, m.rotary.dim // 2, m.train_len, length,
-                                                 detection_windows(valid, length, cfg.dpe_windows)))
-                if key in scored:
-                    reason = results.shared_note(scored[key][-1])
-                else:
-                    bar.start(f"{scaling.label} {length}", len(windows(stream, length, cfg, cfg.lengths)[0]))
-                    keys = key_tokens(cfg, m, m.train_len)
-                    done = score(m, stream, length, cfg, cfg.lengths, lambda w: bar.step(f"loss {float(w[-1]):.3f}"),
-                                 keys)
-                    scored[key] = (*done, keys.columns() if keys is not None else {}, scaling.label)
+                try:
+                    if scaling.detects:  # DPE's scales at this length, on validation windows of the corpus
+                        reason = dpe_note(detect_dpe(m, m.set_scaling, scaling, m.rotary.dim // 2, m.train_len, length,
+                                                     detection_windows(valid, length, cfg.dpe_windows)))
+                    if key in scored:
+                        reason = results.shared_note(scored[key][-1])
+                    else:
+                        bar.start(f"{scaling.label} {length}", len(windows(stream, length, cfg, cfg.lengths)[0]))
+                        keys = key_tokens(cfg, m, m.train_len)
+                        done = score(m, stream, length, cfg, cfg.lengths,
+                                     lambda w: bar.step(f"loss {float(w[-1]):.3f}"), keys)
+                        scored[key] = (*done, keys.columns() if keys is not None else {}, scaling.label)
+                except Exception as e:  # the policy fails at this length: its row says so, the others are read
+                    rows.append({**row, **unread(e, length), "tokens": 0})
+                    record(out, rows[-1:], [], [])
+                    continue
                 total, count, starts, window_loss, key_columns, _ = scored[key]
                 loss = float(total.sum() / count.sum())
                 rows.append({**row, "tokens": int(count.sum()), "loss": loss, "ppl": math.exp(loss),
@@ -145,22 +151,31 @@ def judge_prompts(m: Pretrained, scalings: list[Policy], prompts: dict[tuple, li
             for n in lengths:
                 cells = [key for key in prompts if key[0] == n]
                 key = distinct(m, scaling, n)
-                old = [kept.get((scaling.label, n, variant_label(c[1]), len(prompts[c]))) for c in cells]
+                old = [kept.get((scaling.label, "none", n, variant_label(c[1]), len(prompts[c]))) for c in cells]
                 if all(old):  # --resume: a policy that shares these frequencies later reads these counts
                     judged.setdefault(key, ({c: {k: r[k] for k in ("answers", "hits", "trials", "exact")}
                                              for c, r in zip(cells, old)}, scaling.label))
                     group += old
                     continue
-                detected = dpe_on_prompt(m, scaling, tokens_of(prompts[cells[0]][0])) if scaling.detects else ""
-                if key not in judged:
-                    bar.start(f"{base_row['probe']} {scaling.label} {n}", sum(len(prompts[c]) for c in cells))
-                    judged[key] = ({}, scaling.label)
-                    for cell in cells:
-                        where = {**prompt_base, "eval_len": n, "variant": variant_label(cell[1]),
-                                 "scaling": scaling.label, "backend": m.backend}
-                        said = [judge_prompt(out, where, i, item, verdicts, done, bar)
-                                for i, item in enumerate(prompts[cell])]
-                        judged[key][0][cell] = counts(said)
+                try:
+                    detected = dpe_on_prompt(m, scaling, tokens_of(prompts[cells[0]][0])) if scaling.detects else ""
+                    if key not in judged:
+                        bar.start(f"{base_row['probe']} {scaling.label} {n}", sum(len(prompts[c]) for c in cells))
+                        read = {}
+                        for cell in cells:
+                            where = {**prompt_base, "eval_len": n, "variant": variant_label(cell[1]),
+                                     "scaling": scaling.label, "backend": m.backend}
+                            said = [judge_prompt(out, where, i, item, verdicts, done, bar)
+                                    for i, item in enumerate(prompts[cell])]
+                            read[cell] = counts(said)
+                        judged[key] = (read, scaling.label)  # whole lengths only: a failed one is not shared
+                except Exception as e:  # the policy fails at this length: its rows say so, the others are read
+                    group += [{**base_row, "eval_len": n, "ratio": n / m.train_len, "variant": variant_label(cell[1]),
+                               "trials": len(prompts[cell]), "scaling": scaling.label, "extension": "none",
+                               **scaling.provenance(), "backend": m.backend, **unread(e, n),
+                               **(cell_columns(cell) if cell_columns else {})} for cell in cells]
+                    results.merge_rows(out, "probes", group)
+                    continue
                 shared = judged[key][1]
                 reason = detected or ("" if shared == scaling.label else results.shared_note(shared))
                 for cell in cells:
@@ -172,6 +187,18 @@ def judge_prompts(m: Pretrained, scalings: list[Policy], prompts: dict[tuple, li
                 results.merge_rows(out, "probes", group)
             rows += group
     return rows
+
+
+def unread(e: Exception, length: int) -> dict:
+    """The status and reason of a cell whose policy raised `e` at `length`: `unsupported` past a
+    declared limit, `failed` with the error's first line for an error of the policy's code; an
+    error that is not the policy's (bad input, out of memory, Ctrl-C) stops the reading."""
+    if isinstance(e, PositionLimitError):
+        return {"status": "unsupported", "reason": str(e)}
+    reason = failure(e, length)
+    if reason is None:
+        raise e
+    return {"status": "failed", "reason": reason}
 
 
 def dpe_on_prompt(m: Pretrained, scaling: Policy, tokens: list[int]) -> str:

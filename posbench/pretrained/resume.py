@@ -11,7 +11,9 @@ from pathlib import Path
 
 from posbench import results
 from posbench.progress import Bar
-from posbench.probing import GATED, NOT_LEARNED
+from posbench.probing import kept_rows, same_prompts
+
+__all__ = ["judge_prompt", "kept_prompts", "kept_rows", "prompt_sha"]
 
 
 def prompt_sha(item) -> str:
@@ -44,23 +46,3 @@ def kept_prompts(out: Path, base_row: dict) -> dict[tuple, dict]:
     variant, prompt index): the prompts `--resume` does not judge again (if the prompt is the same)."""
     return {(r["scaling"], int(r["eval_len"]), r["variant"], int(r["prompt"])): r
             for r in results.read_rows(results.table_path(out, "prompts")) if same_prompts(r, base_row)}
-
-
-def same_prompts(row: dict, base_row: dict) -> bool:
-    """Whether a kept row is of this model, probe, prompt spec and seed (so of the same prompts)."""
-    return all(row[k] == str(base_row[k]) for k in ("run_id", "probe", "spec", "seed"))
-
-
-def kept_rows(out: Path, base_row: dict) -> dict[tuple, dict]:
-    """out/probes.csv's rows of this model, probe, prompt spec and seed, by (policy, length,
-    variant, prompts): the cells `--resume` does not read again. Counts come back as numbers; a
-    row that an earlier posbench gated `not learned` comes back `ok`, its gate's reason dropped."""
-    kept = {}
-    for r in results.read_rows(results.table_path(out, "probes")):
-        if same_prompts(r, base_row) and r["status"] in ("ok", NOT_LEARNED):
-            row = {**r, **{k: int(r[k]) for k in ("eval_len", "train_len", "answers", "hits", "trials", "exact")}}
-            if r["status"] == NOT_LEARNED:
-                reasons = [x for x in r["reason"].split("; ") if not x.endswith(GATED)]
-                row.update(status="ok", reason="; ".join(reasons))
-            kept[(r["scaling"], row["eval_len"], r["variant"], row["trials"])] = row
-    return kept

@@ -114,6 +114,7 @@ class Probe:
     variant_name: ClassVar[str] = ""  # what variants vary (passkey: depth); "" for none
     least_digits: ClassVar[int] = 1  # the smallest `digits` option (0: a value symbol, see retrieval)
     revision: ClassVar[int] = 1  # raised when the generator changes, so rows' fingerprints tell them apart
+    reads: ClassVar[str] = "symbols"  # posbench's symbol vocabulary: the models it trains (posbench.probes.text)
 
     def __init__(self, **values: Any):
         self.opts = {**self.options, **values}
@@ -244,6 +245,9 @@ def register(cls: type[Probe]) -> type[Probe]:
     for attr in ("summary", "reference"):
         if not isinstance(getattr(cls, attr, None), str):
             raise PosbenchError(f"probe {name!r} has no `{attr}` (a string)")
+    if cls.reads != "symbols":
+        raise PosbenchError(f"probe {name!r} sets reads = {cls.reads!r}: a registered probe reads posbench's symbols "
+                            f"(the text probes of a pretrained model are posbench.probes.text's)")
     if name in PROBES:
         raise PosbenchError(f"probe {name!r} clashes with the probe of that name from {plugins.describe(PROBES[name])}")
     cls.plugin_source = plugins.loading()
