@@ -1,8 +1,8 @@
 """`posbench table scaling DIR`: does extrapolation hold as the model grows? Read from a folder of
 runs that differ in model size and tokens trained (tasks/scaling.toml's axes):
 
-- per scheme and size (at the most common token budget), and per scheme and budget (at the most
-  common size): perplexity at the training length and the ratios ppl(4x)/ppl(1x) and
+- per scheme and size (at the token budget the most sizes share), and per scheme and budget (at the
+  size the most budgets share): perplexity at the training length and the ratios ppl(4x)/ppl(1x) and
   ppl(16x)/ppl(1x), mean over seeds [95% t-interval];
 - per scheme, the slope of the log ratio against log non-embedding parameters, and against log
   tokens, over every run (ordinary least squares, 95% t-interval of the slope);
@@ -73,13 +73,6 @@ def cells(directory: Path) -> list[dict]:
     return out
 
 
-def _mode(values) -> object:
-    counts: dict = defaultdict(int)
-    for v in values:
-        counts[v] += 1
-    return max(counts, key=lambda v: (counts[v], v))
-
-
 def _iv(values, fmt="{:.2f}") -> str:
     iv = stats.mean_interval(values)
     if iv.n == 0:
@@ -95,15 +88,22 @@ def _order(labels) -> list[str]:
 
 
 def series(records: list[dict]) -> tuple[list[dict], list[dict]]:
-    """The records of the size series (at the most common budget) and of the budget series (at the
-    most common size)."""
-    budget = _mode(r["tokens"] for r in records)
-    size = _mode(r["size"] for r in records)
+    """The records of the size series (at the token budget that the most sizes share) and of the
+    budget series (at the size that the most budgets share), ties to the level with more runs."""
+    def widest(key, other):
+        levels: dict = defaultdict(set)
+        runs: dict = defaultdict(int)
+        for r in records:
+            levels[r[key]].add(r[other])
+            runs[r[key]] += 1
+        return max(levels, key=lambda v: (len(levels[v]), runs[v], v))
+
+    budget, size = widest("tokens", "size"), widest("size", "tokens")
     return [r for r in records if r["tokens"] == budget], [r for r in records if r["size"] == size]
 
 
 def _fmt_params(n: int) -> str:
-    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.0f}k"
+    return f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n / 1e3:.3g}k"
 
 
 def level_table(records: list[dict], key: str, title: str) -> str:

@@ -50,7 +50,7 @@ def test_slopes_recover_the_made_dependence(tmp_path):
         iv = scaling.slope([x for x, _ in pts], [y for _, y in pts])
         assert iv.mean == pytest.approx(want, abs=1e-4) and iv.lo < want < iv.hi
     text = table("scaling", tmp_path)
-    assert "| `rope` | 100k | 3 | 54.6 [" in text  # exp(4.0) at 1x
+    assert "| `rope` | 100k | 3 | 54.6 [" in text and "| `rope` | 6.4M | 3 |" in text  # exp(4.0) at 1x
     assert "-0.050 [" in text
 
 
@@ -69,6 +69,17 @@ def test_verdicts_and_ordering_at_every_size(tmp_path):
     assert "| `alibi` | 16x | sizes | 3 | lower than rope at every one |" in text
     assert "| `none` | 16x | sizes | 3 | 0 lower, 2 higher, 1 not separated |" in text
     assert "q (BH)" in text
+
+
+def test_the_series_are_read_where_they_are_widest(tmp_path):
+    """With the quick size's budgets in and one other size only at one budget, the size series is
+    at that budget and the budget series at the quick size, though most runs are elsewhere."""
+    write(tmp_path)
+    records = [r for r in scaling.cells(tmp_path) if not (r["params"] == 6_400_000)]
+    extra = [dict(r, params=99, size=(1, 1), seed=r["seed"] + 10 * k) for k in range(5)
+             for r in records if r["params"] == 100_000]  # many runs of a size at one budget
+    by_size, by_budget = scaling.series(records + extra)
+    assert {r["tokens"] for r in by_size} == {QUICK_TOKENS} and {r["size"] for r in by_budget} == {(128, 4)}
 
 
 def test_unlearned_seeds_are_left_out(tmp_path):
