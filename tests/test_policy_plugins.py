@@ -59,17 +59,19 @@ class Blowup(Policy):
             return inv_freq * math.inf
         return inv_freq
 '''
+DEF_LINE = BLOWUP.splitlines().index("    def frequencies(self, inv_freq, length, train_len):") + 1  # 12
 
 
 @pytest.fixture
 def isolated():
     """Plug-ins loaded by a test are taken back after it (the registry as the built-ins leave it)."""
-    before, loaded = dict(POLICIES), dict(plugins._loaded)
+    before, loaded, given = dict(POLICIES), dict(plugins._loaded), list(plugins._command_line)
     yield
     POLICIES.clear()
     POLICIES.update(before)
     plugins._loaded.clear()
     plugins._loaded.update(loaded)
+    plugins._command_line[:] = given
 
 
 def write(tmp_path, name: str, text: str):
@@ -170,7 +172,7 @@ def test_check_policy_fails_infinite_frequencies_and_warns_static_pi(tmp_path, c
     path = write(tmp_path, "blowup.py", BLOWUP)
     assert main(["check", "--policy", "blowup", "--plugin", str(path)]) == 1
     out = capsys.readouterr().out
-    assert "fail finite" in out and f"plugin {path}: line 11: policy blowup's frequencies are not finite" in out
+    assert "fail finite" in out and f"plugin {path}: line {DEF_LINE}: policy blowup's frequencies are not finite" in out
     assert main(["check", "--policy", "pi", "--param", "factor=4"]) == 0
     out = capsys.readouterr().out
     assert "warn inside training length  changes the model inside its training length" in out
@@ -213,7 +215,7 @@ def test_infinite_frequencies_give_failed_rows_with_the_line(rope_run, tmp_path,
     rows = {r["eval_len"]: r for r in results.read_rows(out / "extrapolation.csv")}
     assert rows["16"]["status"] == rows["32"]["status"] == "ok" and math.isfinite(float(rows["32"]["ppl"]))
     assert rows["64"]["status"] == "failed"
-    assert rows["64"]["reason"] == (f"at 64 positions: plugin {path}: line 11: policy blowup's frequencies are not "
+    assert rows["64"]["reason"] == (f"at 64 positions: plugin {path}: line {DEF_LINE}: policy blowup's frequencies are not "
                                     "finite at length 64")
 
 

@@ -15,7 +15,6 @@ column) names its non-default settings.
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Any, ClassVar
 
@@ -275,11 +274,10 @@ def where(cls, hook: str = "frequencies") -> str:
     """'plugin FILE: line N: ' of a plug-in policy's hook (its def line), '' for a built-in."""
     if cls.plugin_source is None:
         return ""
-    try:
-        line = inspect.getsourcelines(getattr(cls, hook))[1]
-    except (OSError, TypeError):
+    code = getattr(getattr(cls, hook, None), "__code__", None)  # the def line, not the linecache's copy
+    if code is None:
         return f"plugin {cls.plugin_source.path}: "
-    return f"plugin {cls.plugin_source.path}: line {line}: "
+    return f"plugin {cls.plugin_source.path}: line {code.co_firstlineno}: "
 
 
 def parse_spec(spec: str) -> tuple[str, float | None, dict[str, str]]:
