@@ -16,6 +16,7 @@ import dataclasses
 import itertools
 from typing import Any
 
+from posbench.building import build
 from posbench.errors import PosbenchError
 from posbench.knobs import NAMES_RUN, naming_fields
 
@@ -59,8 +60,6 @@ def settings(name: str, point: Any) -> dict[str, Any]:
 def points(task) -> list[tuple[dict[str, Any], Any, Any]]:
     """Every combination of the task's axes, the first axis slowest: (the knobs it sets, its
     model config, its train config). A task without axes has one point, its own settings."""
-    from posbench.config import build
-
     per_axis = []
     for name, values in task.axes.items():
         if not values:
