@@ -165,7 +165,7 @@ def pair_records(by_size: list[dict], by_budget: list[dict]) -> list[dict]:
     """Every scheme against the reference at each size and budget and ratio: the seed-paired
     difference of log perplexity (A - reference) over the seeds both learned."""
     out = []
-    for records, key in ((by_size, "params"), (by_budget, "tokens")):
+    for records, key in ((by_size, "size"), (by_budget, "tokens")):  # a size is (d_model, layers): N varies by scheme
         index = {(r["label"], r[key], r["seed"]): r for r in records}
         labels = _order({r["label"] for r in records})
         for level in sorted({r[key] for r in records}):
@@ -204,12 +204,13 @@ def pairs_table(pairs: list[dict]) -> str:
     body = []
     for r in pairs:
         iv = stats.mean_interval(r["diffs"])
-        level = _fmt_params(r["level"]) if r["series"] == "params" else f"{r['level'] / 1e6:.2f}M tokens"
+        level = (f"{r['level'][0]} x {r['level'][1]}" if r["series"] == "size"
+                 else f"{r['level'] / 1e6:.2f}M tokens")
         ratio = (f"{math.exp(iv.mean):.3f} [{math.exp(iv.lo):.3f}, {math.exp(iv.hi):.3f}]" if iv.has_interval
                  else f"{math.exp(iv.mean):.3f}")
         q = "-" if math.isnan(r["q"]) else f"{r['q']:.2g}"
         body.append([f"`{r['label']}`", level, f"{r['ratio']}x", str(iv.n), ratio, q, verdict(r)])
-    return markdown_table(["scheme", "size or budget", "length", "seed pairs", f"ppl ratio to {REFERENCE}", "q (BH)",
+    return markdown_table(["scheme", "d_model x layers or budget", "length", "seed pairs", f"ppl ratio to {REFERENCE}", "q (BH)",
                            "verdict"], body)
 
 
@@ -231,7 +232,7 @@ def ordering_table(pairs: list[dict]) -> str:
             summary = f"higher than {REFERENCE} at every one"
         else:
             summary = f"{lower} lower, {higher} higher, {n - lower - higher} not separated"
-        body.append([f"`{name}`", f"{k}x", "sizes" if key == "params" else "budgets", str(n), summary])
+        body.append([f"`{name}`", f"{k}x", "sizes" if key == "size" else "budgets", str(n), summary])
     return markdown_table(["scheme", "length", "over", "levels", "ordering against " + REFERENCE], body)
 
 

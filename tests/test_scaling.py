@@ -58,11 +58,11 @@ def test_verdicts_and_ordering_at_every_size(tmp_path):
     write(tmp_path)
     by_size, by_budget = scaling.series(scaling.cells(tmp_path))
     pairs = scaling.pair_records(by_size, by_budget)
-    at16 = {(r["label"], r["level"]): scaling.verdict(r) for r in pairs if r["ratio"] == 16 and r["series"] == "params"}
+    at16 = {(r["label"], r["level"]): scaling.verdict(r) for r in pairs if r["ratio"] == 16 and r["series"] == "size"}
     assert all(v == "lower" for (name, _), v in at16.items() if name == "alibi")
     # none's ratio is flat and rope's falls with N: none is behind rope at the two larger sizes only
     assert {n: v for (name, n), v in at16.items() if name == "none"} == {
-        100_000: "not separated", 800_000: "higher", 6_400_000: "higher"}
+        (64, 2): "not separated", (128, 4): "higher", (256, 8): "higher"}
     at1 = [scaling.verdict(r) for r in pairs if r["ratio"] == 1]
     assert set(at1) == {"no spread"}  # identical losses at 1x: no test
     text = table("scaling", tmp_path)
@@ -80,6 +80,18 @@ def test_the_series_are_read_where_they_are_widest(tmp_path):
              for r in records if r["params"] == 100_000]  # many runs of a size at one budget
     by_size, by_budget = scaling.series(records + extra)
     assert {r["tokens"] for r in by_size} == {QUICK_TOKENS} and {r["size"] for r in by_budget} == {(128, 4)}
+
+
+def test_schemes_of_one_size_pair_though_their_parameter_counts_differ(tmp_path):
+    write(tmp_path)
+    rows = results.read_rows(tmp_path / "runs.csv")
+    for r in rows:
+        if r["scheme"] == "alibi":
+            r["non_embedding_params"] = int(r["non_embedding_params"]) + 8  # a few per-head slopes more
+    results.merge_rows(tmp_path, "runs", rows)
+    by_size, by_budget = scaling.series(scaling.cells(tmp_path))
+    pairs = scaling.pair_records(by_size, by_budget)
+    assert {r["level"] for r in pairs if r["label"] == "alibi" and r["series"] == "size"} == {(64, 2), (128, 4), (256, 8)}
 
 
 def test_unlearned_seeds_are_left_out(tmp_path):
