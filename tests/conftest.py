@@ -133,3 +133,12 @@ def tiny_model(name: str, train_len: int = 16, seed: int = 0, vocab: int = 50,
                 max_position=train_len, params=params)
     cfg = ModelConfig(vocab_size=vocab, d_model=32, n_layers=n_layers, n_heads=4)
     return Transformer(cfg, layout.build(name, dims)).eval()
+
+
+@pytest.fixture
+def one_thread():
+    """The threads a worker of two on two cores computes with, for the runs made in this process."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -2,7 +2,6 @@
 --workers and --shard."""
 
 import pytest
-import torch
 
 from posbench import config, results, workers
 from posbench.cli import main
@@ -85,15 +84,6 @@ def test_dotted_keys_inside_axes_read_as_the_quoted_form(corpus_dir, tmp_path):
     path = tmp_path / "dotted.toml"
     path.write_text(task_text(corpus_dir, axes='[axes]\ntrain.steps = [2, 4]\n'))
     assert config.load_task(str(path)).axes == {"train.steps": (2, 4)}
-
-
-@pytest.fixture
-def one_thread():
-    """The threads a worker of two on two cores computes with, for the runs made in this process."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 RUN_COLUMNS = ("scheme", "seed", "steps", "d_model", "n_layers", "n_heads", "lr", "non_embedding_params", "n_params",

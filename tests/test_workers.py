@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from conftest import TINY_TASK
 from posbench import config, results, workers
@@ -41,15 +40,6 @@ def task_file(corpus_dir, tmp_path_factory):
     path.write_text(TASK.format(corpus=corpus_dir))
     load_tokens(config.load_task(str(path)).data)  # the token cache, filled once for every process
     return path
-
-
-@pytest.fixture
-def one_thread():
-    """The threads a worker of two on two cores computes with, for runs made in this process."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def table(directory, name, columns):
