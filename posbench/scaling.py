@@ -180,10 +180,15 @@ def pair_records(by_size: list[dict], by_budget: list[dict]) -> list[dict]:
                         if lab == name and lev == level and b is not None and a[col] is not None and b[col] is not None:
                             diffs.append(a[col] - b[col])
                     if diffs:
+                        first = next(r for r in records if r[key] == level)
                         out.append({"series": key, "level": level, "label": name, "ratio": k, "diffs": diffs,
-                                    "p": t_test_p(diffs)})
-    for record, q in zip(out, stats.benjamini_hochberg([r["p"] for r in out])):
-        record["q"] = q
+                                    "p": t_test_p(diffs), "cell": (name, first["size"], first["tokens"], k)})
+    # the point both series share is one comparison of the family, not two
+    cells = list(dict.fromkeys(r["cell"] for r in out))
+    p_of = {r["cell"]: r["p"] for r in out}
+    q_of = dict(zip(cells, stats.benjamini_hochberg([p_of[c] for c in cells])))
+    for record in out:
+        record["q"] = q_of[record["cell"]]
     return out
 
 
@@ -287,7 +292,8 @@ def scaling(directory: Path, *, figure: str | Path | None = None) -> str:
              "95% interval; negative: the ratio falls as the model or its budget grows):", "",
              slope_table(by_size, by_budget), "",
              f"**Seed-paired** against {REFERENCE}: perplexity ratio exp(mean over seeds of the log difference), "
-             f"95% t-interval; q (BH): Benjamini-Hochberg over the {len(pairs)} comparisons of this table; "
+             f"95% t-interval; q (BH): Benjamini-Hochberg over the {len({r['cell'] for r in pairs})} comparisons of this "
+             "table (the point both series share counted once); "
              "lower or higher: q < 0.05:", "",
              pairs_table(pairs), "",
              "**Orderings** (verdicts of the table above):", "",
