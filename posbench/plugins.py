@@ -63,6 +63,18 @@ def registered(unregister: Callable[[], None]) -> None:
         _undo.append(unregister)
 
 
+def enter(registry: dict, kind: str, name: str, cls):
+    """Register `cls` as `name` in `registry` (schemes, policies, probes): a name taken is refused,
+    naming where the class that holds it came from; the class records the plug-in it came from,
+    and a plug-in that fails half-way takes it back. Returns the class."""
+    if name in registry:
+        raise PosbenchError(f"{kind} {name!r} clashes with the {kind} of that name from {describe(registry[name])}")
+    cls.plugin_source = loading()
+    registry[name] = cls
+    registered(lambda: registry.pop(name, None))
+    return cls
+
+
 def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 

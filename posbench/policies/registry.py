@@ -249,13 +249,7 @@ def register(cls: type[Policy]) -> type[Policy]:
     if cls.flags and plugins.loading() is not None:
         raise PosbenchError(f"policy {name!r} declares `flags`, the built-ins' own [eval] keys; a plug-in's settings "
                             f"are written in the spec: --rope-scaling '{name}(KEY=VALUE,...)'")
-    if name in POLICIES:
-        raise PosbenchError(f"policy {name!r} clashes with the policy of that name from "
-                            f"{plugins.describe(POLICIES[name])}")
-    cls.plugin_source = plugins.loading()
-    POLICIES[name] = cls
-    plugins.registered(lambda: POLICIES.pop(name, None))
-    return cls
+    return plugins.enter(POLICIES, "policy", name, cls)
 
 
 def get_policy(name: str) -> type[Policy]:

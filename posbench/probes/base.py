@@ -248,12 +248,7 @@ def register(cls: type[Probe]) -> type[Probe]:
     if cls.reads != "symbols":
         raise PosbenchError(f"probe {name!r} sets reads = {cls.reads!r}: a registered probe reads posbench's symbols "
                             f"(the text probes of a pretrained model are posbench.probes.text's)")
-    if name in PROBES:
-        raise PosbenchError(f"probe {name!r} clashes with the probe of that name from {plugins.describe(PROBES[name])}")
-    cls.plugin_source = plugins.loading()
-    PROBES[name] = cls
-    plugins.registered(lambda: PROBES.pop(name, None))
-    return cls
+    return plugins.enter(PROBES, "probe", name, cls)
 
 
 def probe_name(spec: str) -> str:

@@ -32,13 +32,7 @@ def register(cls: type[Scheme]) -> type[Scheme]:
     check_ranges(f"scheme {name!r}", "parameters", cls.defaults, cls.ranges)
     if any(c in name for c in ",/@+*: "):
         raise PosbenchError(f"scheme name {name!r} holds one of , / @ + * : or a space, which layouts use")
-    if name in SCHEMES:
-        raise PosbenchError(f"scheme {name!r} clashes with the scheme of that name from "
-                            f"{plugins.describe(SCHEMES[name])}")
-    cls.plugin_source = plugins.loading()
-    SCHEMES[name] = cls
-    plugins.registered(lambda: SCHEMES.pop(name, None))
-    return cls
+    return plugins.enter(SCHEMES, "scheme", name, cls)
 
 
 def get_scheme(name: str) -> type[Scheme]:
