@@ -286,7 +286,7 @@ def past_training_length(name, params) -> Finding:
 
 
 def _past_training_length(name, params) -> Finding:
-    from posbench.evaluate import failure
+    from posbench.sweep import failure
 
     model = build(name, params)
     n = EXTRAPOLATION * T

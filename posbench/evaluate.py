@@ -35,52 +35,22 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable
 
 import torch
 
 from posbench import results, stats
 from posbench.attention import observe
-from posbench.attention_measures import Recorder
 from posbench.config import EvalConfig
 from posbench.data import TokenData, load_tokens
-from posbench import plugins
-from posbench.errors import PosbenchError, first_line, out_of_memory
+from posbench.errors import PosbenchError
 from posbench.extension import columns as extension_columns
-from posbench.layout import run_prefix, takes_rope_scaling
-from posbench.positions import evaluation_columns, evaluation_positions, randomized
-from posbench.progress import Bar
+from posbench.layout import takes_rope_scaling
 from posbench.probes import PROBES, probe_name
-from posbench.schemes import SCHEMES, PositionLimitError
-from posbench.policies import Policy, PolicyFailure, from_eval, make, refuse_stale, specs
-from posbench.device import autocast, resolve_device
-from posbench.runs import FINAL, RunSpec, data_spec, load_spec, load_trained
-
-ATTN_BYTES = 512 * 2**20  # cap on one batch's attention scores (B * H * L * L floats)
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One eval-time configuration of a run: RoPE scaling and/or a position-table extension."""
-
-    scaling: Policy = make()
-    extension: str = "none"
-
-    @property
-    def scaling_label(self) -> str:
-        return self.scaling.label
-
-
-def find_runs(runs_dir: Path | str, schemes: list[str] | None = None) -> list[Path]:
-    """Finished runs under runs_dir (those with final weights), optionally of some schemes."""
-    runs_dir = Path(runs_dir)
-    if not runs_dir.is_dir():
-        raise PosbenchError(f"runs directory {str(runs_dir)!r} does not exist; train first")
-    found = sorted(p.parent for p in runs_dir.glob(f"*/{FINAL}"))
-    if schemes:
-        prefixes = {run_prefix(s) for s in schemes}
-        found = [p for p in found if p.name.rsplit("-", 1)[0] in prefixes]
-    return found
+from posbench.readers import TrainedReader, variants_for
+from posbench.schemes import SCHEMES
+from posbench.runs import RunSpec, data_spec
+from posbench.sweep import Scorer, detection_windows, sweep
 
 
 def on_probe(run_dir: Path) -> bool:
@@ -90,18 +60,6 @@ def on_probe(run_dir: Path) -> bool:
     except PosbenchError:
         return False  # a damaged config fails with its own message where the run is loaded
     return probe_name(spec) in PROBES
-
-
-def variants_for(spec: RunSpec, cfg: EvalConfig, layout) -> list[Variant]:
-    """The variants that apply to this run's schemes (others are skipped, not failed). RoPE
-    scalings skip a run trained on randomized positions: it saw positions up to randomize_max,
-    so rescaling by L_eval / L_train would move its positions away from the trained ones; and a
-    child fine-tuned with a rescaling (posbench.extending), which is evaluated with its own alone."""
-    rescaled = spec.extension is not None and spec.extension.rescaling != "plain"
-    scalable = layout.scalable and not randomized(spec.train) and not rescaled
-    scalings = [from_eval(k, cfg) for k in specs(cfg)] if scalable else [make()]
-    extensions = [e for e in cfg.learned_extension if e == "none" or e in layout.extensions] or ["none"]
-    return [Variant(s, e) for s in dict.fromkeys(scalings) for e in dict.fromkeys(extensions)]
 
 
 def scaling_note(rows: list[dict], kinds: tuple[str, ...]) -> str | None:
@@ -128,53 +86,6 @@ def scaling_note(rows: list[dict], kinds: tuple[str, ...]) -> str | None:
         parts.append(f"{', '.join(own)} trained on randomized positions or fine-tuned with a rescaling, so they "
                      "are evaluated as trained: `none` rows only")
     return "; ".join(parts)
-
-
-def detection_windows(valid: torch.Tensor, length: int, count: int, seed: int = 0) -> torch.Tensor:
-    """(count, L + 1) windows of the token stream `valid` (a validation split) at starts drawn
-    uniformly with `seed`: the text DPE's detection scores its trial scales on."""
-    room = len(valid) - length - 1
-    if room < 0:
-        raise PosbenchError(f"dpe: the detection text ({len(valid)} tokens) is shorter than one window of {length}")
-    starts = torch.randint(0, room + 1, (count,), generator=torch.Generator().manual_seed(seed))
-    return valid[starts[:, None] + torch.arange(length + 1)]
-
-
-def rotary_pairs(layout) -> tuple[int, int]:
-    """(rotary pairs, training length) of a layout's RoPE layers, the fewest pairs where they differ."""
-    rotary = [s for s in layout.schemes if hasattr(s, "set_scaling")]
-    return min(s.rotary_dim // 2 for s in rotary), rotary[0].dims.train_len
-
-
-@torch.inference_mode()
-def detect_dpe(scorer, set_scaling, scaling: Policy, pairs: int, train_len: int, length: int,
-               tokens: torch.Tensor) -> Policy:
-    """A detecting policy's settings at `length` (its `detect` hook: DPE's scales), each trial scored
-    by the mean loss of `scorer` on the windows `tokens` (B, L + 1); the policy found is set."""
-    def loss(trial: Policy) -> float:
-        set_scaling(trial)
-        return float(scorer.losses(tokens).mean())
-
-    found = scaling.detect(loss, pairs, length, train_len)
-    set_scaling(found)
-    return found
-
-
-def dpe_note(scaling: Policy, text: str = "validation windows") -> str:
-    """The reason column of a row of a detecting policy: DPE's scales it read with, and whence
-    (detected on `text`); another policy's settings as its label names them."""
-    if scaling.name != "dpe":
-        return f"{scaling.label} (detected on {text})"
-    how = f"detected on {text}" if scaling.detected else "given"
-    return f"dpe scales {'-'.join(f'{s:g}' for s in scaling.scales)} ({how})"
-
-
-def trained_dpe(model, dev, dtype: str, scaling: Policy, length: int, tokens: torch.Tensor, text: str) -> str:
-    """A trained run's DPE scales at `length`, detected on the windows `tokens` (`text` says what
-    they are) and set on its layout: the note its rows carry."""
-    found = detect_dpe(TrainedScorer(model, dev, dtype, 0), model.layout.set_scaling, scaling,
-                       *rotary_pairs(model.layout), length, tokens)
-    return dpe_note(found, text)
 
 
 def stride_for(cfg: EvalConfig, length: int) -> int:
@@ -217,42 +128,6 @@ def windows(stream: torch.Tensor, length: int, cfg: EvalConfig, lengths: tuple[i
 def correlated_windows(mode: str, length: int, stride: int) -> int:
     """How many consecutive windows share context: the block size of batch means."""
     return math.ceil(length / stride) if mode == "sliding" else 1
-
-
-def windows_per_forward(length: int, heads: int, batch_tokens: int) -> int:
-    """Windows of `length` scored by one forward: batch_tokens' worth, its attention scores within
-    ATTN_BYTES."""
-    return max(1, min(batch_tokens // length, ATTN_BYTES // (4 * heads * length * length)))
-
-
-class Scorer(Protocol):
-    """What perplexity asks of a model, trained here or pretrained (posbench.pretrained)."""
-
-    def losses(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Windows of tokens (B, L + 1) -> the loss of each next token (B, L)."""
-
-    def per_forward(self, length: int) -> int:
-        """How many windows of `length` one call of `losses` takes."""
-
-
-@dataclass
-class TrainedScorer:
-    """A trained run's model as a Scorer, at the windows' positions `pos` (None: 0..L-1)."""
-
-    model: torch.nn.Module
-    device: torch.device
-    dtype: str
-    batch_tokens: int
-    pos: torch.Tensor | None = None
-
-    def losses(self, tokens: torch.Tensor) -> torch.Tensor:
-        tokens = tokens.to(self.device)
-        pos = self.pos.to(self.device) if self.pos is not None else None
-        with autocast(self.device, self.dtype):
-            return self.model.token_losses(tokens[:, :-1], tokens[:, 1:], pos)  # (B, L)
-
-    def per_forward(self, length: int) -> int:
-        return windows_per_forward(length, self.model.cfg.n_heads, self.batch_tokens)
 
 
 def short_losses(scorer: Scorer, tokens: torch.Tensor, context: int) -> torch.Tensor:
@@ -342,101 +217,92 @@ def score(scorer: Scorer, stream: torch.Tensor, length: int, cfg: EvalConfig, le
     return total, count, starts, torch.cat(per_window)
 
 
+@dataclass
+class Perplexity:
+    """Perplexity of `stream` at each length, a measure of posbench.sweep: rows for
+    extrapolation.csv, positions.csv and windows.csv (and attention.csv rows appended to
+    `attention`, given a list: a trained run's attention at every length). DPE detects its scales on
+    windows of `valid`; `on_length(label, windows)` and `on_forward(window losses)` see progress."""
+
+    cfg: EvalConfig
+    stream: torch.Tensor
+    columns: dict
+    valid: torch.Tensor | None = None
+    attention: list[dict] | None = None
+    on_length: Callable[[str, int], None] | None = None
+    on_forward: Callable[[torch.Tensor], None] | None = None
+    tables = ("windows", "extrapolation", "positions")
+    gates = False
+
+    def kept(self, common: dict):
+        return None
+
+    def detection(self, length: int) -> tuple[torch.Tensor, int, str]:
+        return detection_windows(self.valid, length, self.cfg.dpe_windows), length, "validation windows"
+
+    def read(self, reader, length: int, common: dict):
+        cfg = self.cfg
+        if self.on_length is not None:
+            self.on_length(f"{common['scaling']} {length}", len(windows(self.stream, length, cfg, cfg.lengths)[0]))
+        keys = key_tokens(cfg, None, reader.train_len)
+        recorder = reader.recorder() if self.attention is not None else None
+        # The explicit path is the only one that forms the weights: a run already on it is
+        # recorded while it is scored, any other by a second pass over the same windows.
+        inline = recorder is not None and common["backend"] == "explicit"
+        total = count = window_loss = 0
+        for draw in range(reader.draws):
+            with observe(recorder if inline else None):
+                if keys is not None:  # the short windows at the positions of their own length
+                    keys.scorer = reader.scorer(keys.context, draw, cfg.batch_tokens)
+                t, c, starts, w = score(reader.scorer(length, draw, cfg.batch_tokens), self.stream, length, cfg,
+                                        cfg.lengths, self.on_forward, keys)
+            total, count, window_loss = total + t, count + c, window_loss + w
+            if recorder is not None and not inline:
+                with reader.explicit(), observe(recorder):
+                    score(reader.scorer(length, draw, cfg.batch_tokens), self.stream, length, cfg, cfg.lengths)
+        # Every draw scores the same tokens: means over draws, per window index and per window.
+        draws = reader.draws
+        return (total / draws, count / draws, starts, window_loss / draws, keys.columns() if keys is not None else {},
+                recorder.rows() if recorder is not None else [])
+
+    def rows(self, common: dict, result, reason: str) -> dict[str, list[dict]]:
+        total, count, starts, window_loss, key_columns, measured = result
+        row = {**common, "stride": stride_for(self.cfg, common["eval_len"])}
+        if self.attention is not None:
+            kept = {k: v for k, v in row.items() if k != results.POLICY_SHA}  # attention.csv has no such column
+            self.attention += [{**kept, **r, "backend": "explicit"} for r in measured]
+        loss = float(total.sum() / count.sum())
+        status = "ok" if math.isfinite(loss) else "failed"
+        row = row | {"tokens": int(count.sum()), "loss": loss, "ppl": math.exp(loss),
+                **loss_interval(loss, window_loss.tolist(), correlated_windows(self.cfg.mode, row["eval_len"], row["stride"])),
+                **key_columns, "status": status,
+                "reason": reason if status == "ok" else non_finite(loss, total, count, row["eval_len"])}
+        return {"windows": window_rows(row, starts, window_loss), "extrapolation": [row],
+                "positions": position_rows(row, total, count, self.cfg.position_buckets)}
+
+    def unread(self, common: dict, status: str, reason: str) -> dict[str, list[dict]]:
+        return {"extrapolation": [{**common, "stride": stride_for(self.cfg, common["eval_len"]), "status": status,
+                                   "reason": reason, "tokens": 0}]}
+
+    def finish(self, rows: list[dict]) -> list[dict]:
+        return rows
+
+
 def evaluate_run(run_dir: Path, cfg: EvalConfig, device: str = "auto", data_cache=None,
-                 task: str | None = None, attention: list[dict] | None = None
+                 task: str | None = None, attention: list[dict] | None = None, out: Path | None = None
                  ) -> tuple[list[dict], list[dict], list[dict]]:
-    """Rows for extrapolation.csv, positions.csv and windows.csv of one finished run; given a
-    list `attention`, the rows of attention.csv are appended to it (the weights' measures at
-    every length, posbench.attention_measures)."""
-    dev = resolve_device(device)
-    spec, model, _ = load_trained(run_dir, dev)
+    """Rows for extrapolation.csv, positions.csv and windows.csv of one finished run (merged into
+    out/*.csv cell by cell, given `out`); given a list `attention`, the rows of attention.csv are
+    appended to it (the weights' measures at every length, posbench.attention_measures)."""
+    reader = TrainedReader(run_dir, cfg, device, task)
     data_cache = {} if data_cache is None else data_cache
+    spec = reader.spec
     if spec.data not in data_cache:
         data_cache[spec.data] = load_tokens(spec.data)
     data: TokenData = data_cache[spec.data]
-    stream = data.test
-    base = {
-        "run_id": spec.run_id, "task": task or spec.task, "scheme": spec.scheme,
-        "params": model.layout.describe(), "seed": spec.seed, "train_len": spec.original_len,
-        "mode": cfg.mode, **extension_columns(spec.extension), **evaluation_columns(spec.train, cfg.position_draws),
-        **results.provenance(dev.type, spec.train.dtype, data.fingerprint),
-    }
-    draws = max(1, base["position_draws"])
-    rows, positions, per_window = [], [], []
-    for variant in variants_for(spec, cfg, model.layout):
-        model.layout.set_scaling(variant.scaling)
-        model.layout.set_extension(variant.extension)
-        for length in cfg.lengths:
-            row = {**base, "eval_len": length, "ratio": length / spec.original_len,
-                   "stride": stride_for(cfg, length), "scaling": variant.scaling_label, "extension": variant.extension,
-                   "backend": model.layout.backends(dev, model.backend), **variant.scaling.provenance()}
-            total = count = window_loss = 0
-            keys = key_tokens(cfg, None, spec.original_len)
-            recorder = Recorder(model.layout.spans, spec.train.train_len) if attention is not None else None
-            # The explicit path is the only one that forms the weights: a run already on it is
-            # recorded while it is scored, any other by a second pass over the same windows.
-            inline = recorder is not None and row["backend"] == "explicit"
-            note = ""
-            try:
-                if variant.scaling.detects:
-                    note = trained_dpe(model, dev, spec.train.dtype, variant.scaling, length,
-                                       detection_windows(data.valid, length, cfg.dpe_windows), "validation windows")
-                for draw in range(draws):
-                    pos = evaluation_positions(spec.train, length, draw)
-                    with observe(recorder if inline else None):
-                        scorer = TrainedScorer(model, dev, spec.train.dtype, cfg.batch_tokens, pos)
-                        if keys is not None:  # the short windows at the positions of their own length
-                            keys.scorer = TrainedScorer(model, dev, spec.train.dtype, cfg.batch_tokens,
-                                                        evaluation_positions(spec.train, keys.context, draw))
-                        t, c, starts, w = score(scorer, stream, length, cfg, cfg.lengths, keys=keys)
-                    total, count, window_loss = total + t, count + c, window_loss + w
-                    if recorder is not None and not inline:
-                        record_attention(model, stream, length, cfg, dev, spec.train.dtype, pos, recorder)
-            except PositionLimitError as e:
-                rows.append({**row, "status": "unsupported", "reason": str(e), "tokens": 0})
-                continue
-            except Exception as e:
-                reason = failure(e, length)
-                if reason is None:
-                    raise
-                rows.append({**row, "status": "failed", "reason": reason, "tokens": 0})
-                continue
-            # Every draw scores the same tokens: means over draws, per window index and per window.
-            total, count, window_loss = total / draws, count / draws, window_loss / draws
-            loss = float(total.sum() / count.sum())
-            status = "ok" if math.isfinite(loss) else "failed"
-            rows.append({**row, "tokens": int(count.sum()), "loss": loss, "ppl": math.exp(loss),
-                         **loss_interval(loss, window_loss.tolist(), correlated_windows(cfg.mode, length, row["stride"])),
-                         **(keys.columns() if keys is not None else {}), "status": status,
-                         "reason": note if status == "ok" else non_finite(loss, total, count, length)})
-            positions += position_rows(row, total, count, cfg.position_buckets)
-            per_window += window_rows(row, starts, window_loss)
-            if recorder is not None:
-                kept = {k: v for k, v in row.items() if k != results.POLICY_SHA}  # attention.csv has no such column
-                attention += [{**kept, **r, "backend": "explicit"} for r in recorder.rows()]
-    return rows, positions, per_window
-
-
-def record(out: Path, rows: list[dict], positions: list[dict], per_window: list[dict]) -> None:
-    """Merge what a reading measured into out/windows.csv, extrapolation.csv and positions.csv, in
-    that order: positions.csv, last, is what tells a resumed grid that a cell was evaluated. Trained
-    runs and pretrained models alike."""
-    results.merge_rows(out, "windows", per_window)
-    results.merge_rows(out, "extrapolation", rows)
-    results.merge_rows(out, "positions", positions)
-
-
-def failure(e: Exception, length: int) -> str | None:
-    """What a row says when scoring at `length` raised `e`: the error's first line, led by the
-    plug-in file and line it arose at, and for an index out of range the hint that a finite table
-    declares its limit. None for an error that is not the scheme's (bad input, out of memory),
-    which stops the command as before."""
-    if isinstance(e, PolicyFailure):
-        return f"at {length} positions: {e}"
-    if out_of_memory(e) or (isinstance(e, PosbenchError) and plugins.blame(e) is None):
-        return None
-    said = plugins.blame(e) or f"{type(e).__name__}: {first_line(e)}"
-    return f"at {length} positions: {said}{limit_hint(e)}"
+    measure = Perplexity(cfg, data.test, {"mode": cfg.mode, "corpus": data.fingerprint}, data.valid, attention)
+    done = sweep(reader, measure, cfg.lengths, out)
+    return done["extrapolation"], done["positions"], done["windows"]
 
 
 def non_finite(loss: float, total: torch.Tensor, count: torch.Tensor, length: int) -> str:
@@ -445,28 +311,6 @@ def non_finite(loss: float, total: torch.Tensor, count: torch.Tensor, length: in
     bad = ((~torch.isfinite(total)) & (count > 0)).nonzero()
     where = f", first at position {int(bad[0])} of the window" if len(bad) else ""
     return f"non-finite loss ({loss}) at {length} positions{where}: the scheme's outputs overflow or are undefined there"
-
-
-def limit_hint(e: BaseException) -> str:
-    """For an index out of range (a table read past its last row): how a scheme says where its
-    table ends, so that evaluation records those lengths as beyond it."""
-    text = str(e)
-    if isinstance(e, IndexError) or "out of range" in text or "out of bounds" in text:
-        return ("; a scheme with a finite table declares it with position_limit() and raises "
-                "PositionLimitError past it (posbench/docs/plugins.md)")
-    return ""
-
-
-def record_attention(model, stream: torch.Tensor, length: int, cfg: EvalConfig, device, dtype: str,
-                     pos: torch.Tensor | None, recorder: Recorder) -> None:
-    """The windows `score` reads, run again with every layer on the explicit path, each
-    layer's weights seen by `recorder`."""
-    forced, model.backend = model.backend, "explicit"
-    try:
-        with observe(recorder):
-            score(TrainedScorer(model, device, dtype, cfg.batch_tokens, pos), stream, length, cfg, cfg.lengths)
-    finally:
-        model.backend = forced
 
 
 def loss_interval(loss: float, window_loss: list[float], block: int) -> dict:
@@ -526,38 +370,3 @@ def position_keys(rows: list[dict[str, str]], cfg: EvalConfig) -> set[tuple[str,
             for b, end in enumerate(edges[1:]) if end > first
         }
     return keys
-
-
-def extrapolate(runs_dir: Path | str, cfg: EvalConfig, schemes: list[str] | None = None,
-                out: Path | str | None = None, device: str = "auto", progress: bool = False,
-                runs: list[Path] | None = None, attention: bool = False) -> list[dict]:
-    """Evaluate every finished run (or those of `schemes`); merge rows into out/*.csv (with
-    `attention`, attention.csv too)."""
-    runs = find_runs(runs_dir, schemes) if runs is None else runs
-    found = len(runs)
-    runs = [r for r in runs if not on_probe(r)]  # scored by `posbench probe`, not by perplexity
-    if not runs:
-        named = f" of schemes {', '.join(schemes)}" if schemes else ""
-        probes = f" ({found} trained on probes: score them with `posbench probe`)" if found else ""
-        raise PosbenchError(f"no trained runs{named} on text in {runs_dir}{probes}; run `posbench train` first")
-    for run_dir in runs:  # every run's plug-ins and config before any run is evaluated or a row rewritten
-        load_spec(run_dir)
-    out = Path(out or runs_dir)
-    tables = ("windows", "extrapolation", "positions") + (("attention",) if attention else ())
-    for table in tables:  # a damaged table fails before any is written
-        results.read_rows(results.table_path(out, table))
-    refuse_stale(results.read_rows(results.table_path(out, "extrapolation")),
-                 [from_eval(k, cfg) for k in specs(cfg)], str(results.table_path(out, "extrapolation")))
-    cache: dict = {}
-    all_rows = []
-    with Bar(progress, "run", lines=False) as bar:
-        bar.start("extrapolate", len(runs))
-        for run_dir in runs:
-            measured = [] if attention else None
-            rows, positions, per_window = evaluate_run(run_dir, cfg, device, cache, attention=measured)
-            if measured:
-                results.merge_rows(out, "attention", measured)
-            record(out, rows, positions, per_window)
-            all_rows += rows
-            bar.step(run_dir.name)
-    return all_rows

@@ -183,10 +183,7 @@ def run_task(task: Task, out: Path | str, shard: tuple[int, int] = (1, 1), resum
                 done["skipped_eval"] += 1
             else:
                 log(f"extrapolate {spec.run_id}")
-                rows, positions, per_window = evaluate.evaluate_run(run_dir, task.eval, device, cache, task.name)
-                results.merge_rows(out, "windows", per_window)
-                results.merge_rows(out, "extrapolation", rows)
-                results.merge_rows(out, "positions", positions)
+                rows, _, _ = evaluate.evaluate_run(run_dir, task.eval, device, cache, task.name, out=out)
                 failed_rows["extrapolation"] += [r for r in rows if r["status"] == "failed"]
                 done["evaluated"] += 1
             bar.advance(overall)
@@ -262,8 +259,7 @@ def run_probes(task: Task, out: Path, specs: list[RunSpec], device: str, done: d
             continue
         log(f"probe {spec.data.spec} {spec.run_id}")
         with on_interrupt(probing.scoring_kept(run_dir, done["probes"] + done["skipped_probes"], out)):
-            rows = probing.evaluate_run(run_dir, task.probes, task.eval, device, task.name)
-        results.merge_rows(out, "probes", rows)
+            rows = probing.evaluate_run(run_dir, task.probes, task.eval, device, task.name, out=out)
         failed += [r for r in rows if r["status"] == "failed"]
         done["probes"] += 1
     return failed

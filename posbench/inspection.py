@@ -428,7 +428,7 @@ def inspect_run(run_dir: Path, n: int, out: Path, device: str = "cpu") -> list[P
             drawn += [dataclasses.replace(p, caption=f"trained {p.caption}")
                       for p in pictures(scheme, n, train_len, name=name)]
         except Exception as e:  # the scheme fails to n positions: said, and the run's measures go on
-            from posbench.evaluate import failure
+            from posbench.sweep import failure
 
             reason = failure(e, n)
             if reason is None:
@@ -448,7 +448,8 @@ def inspect_runs(runs: list[Path], task, lengths: tuple[int, ...] | None, out: P
     """Each run's learned pictures, and its attention measured by length (default 1x to 16x its
     training length, the task's other [eval] settings) into out/attention.csv with its plots
     and the perplexity tables beside it; inspect.md links them all."""
-    from posbench import attention_measures, config, evaluate, results
+    from posbench import attention_measures, config, results
+    from posbench.readings import Models, extrapolate_runs
     from posbench.device import resolve_device
     from posbench.runs import load_spec
 
@@ -460,8 +461,8 @@ def inspect_runs(runs: list[Path], task, lengths: tuple[int, ...] | None, out: P
         measured = lengths or tuple(train_len * 2**k for k in range(5))
         drawn += inspect_run(run_dir, max(measured), out, dev)
         cfg = config.replace(task.eval, lengths=measured)
-        rows = evaluate.extrapolate(run_dir.parent, cfg, out=out, device=str(dev), progress=progress, runs=[run_dir],
-                                    attention=True)
+        rows = extrapolate_runs(Models(run_dir.parent, runs=[run_dir], device=str(dev)), cfg, Path(out), progress,
+                                attention=True)
         failed = results.failed_line(rows, results.table_path(out, "extrapolation"))
         if failed:
             drawn.append(Picture(spec.run_id, FAILED, f"{spec.run_id}: {failed}"))

@@ -27,26 +27,24 @@ scheme answers the same prompts. A randomized run reads every prompt once per po
 
 from __future__ import annotations
 
+import hashlib
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from posbench import results, stats
-from posbench.batches import answer_verdicts
 from posbench.config import EvalConfig, ProbesConfig
 from posbench.data import probe_corpus
-from posbench.errors import PosbenchError, on_interrupt
-from posbench.extension import columns as extension_columns
-from posbench.evaluate import ATTN_BYTES, failure, find_runs, trained_dpe, variants_for
-from posbench.policies import from_eval, refuse_stale, specs
-from posbench.positions import evaluation_columns, evaluation_positions
-from posbench.probes import PROBES, Example, Probe, parse_probe, probe_name
-from posbench.schemes import PositionLimitError
-from posbench.device import autocast, resolve_device
-from posbench.runs import RunSpec, load_spec, load_trained
+from posbench.errors import PosbenchError
+from posbench.readers import TrainedReader, variants_for
+from posbench.sweep import sweep
+from posbench.probes import PROBES, Probe, parse_probe, probe_name
+from posbench.runs import RunSpec
 
 RATIOS = (1, 2, 4, 8)  # prompt lengths, in training lengths, when the config names none
-MAX_BATCH = 64
 NOT_LEARNED = "not learned"
 GATED = ": no extrapolation reading"  # the end of the reason that gate() gives
 
@@ -68,25 +66,6 @@ def check_lengths(probe: Probe, lengths: tuple[int, ...] | None) -> None:
 def probe_of(spec: RunSpec) -> Probe | None:
     """The probe whose examples the run was trained on, or None (a text corpus)."""
     return parse_probe(spec.data.spec) if probe_name(spec.data.spec) in PROBES else None
-
-
-@torch.inference_mode()
-def verdicts(model, prompts: list[Example], device, dtype: str = "float32",
-             positions: torch.Tensor | None = None) -> list[list[bool]]:
-    """Per prompt (all of one length), whether each of its answers is the model's greedy answer;
-    `positions` (L,) the prompts' positions (None: 0..L-1)."""
-    length = len(prompts[0].tokens)
-    per = max(1, min(MAX_BATCH, ATTN_BYTES // (4 * model.cfg.n_heads * length * length)))
-    positions = positions.to(device) if positions is not None else None
-    out = []
-    for i in range(0, len(prompts), per):
-        chunk = prompts[i: i + per]
-        tokens = torch.tensor([p.tokens for p in chunk], device=device)  # (B, L)
-        with autocast(device, dtype):
-            guess = model(tokens, positions).argmax(-1)  # (B, L): guess[:, p] predicts tokens[:, p + 1]
-        hit = (guess[:, :-1] == tokens[:, 1:]).cpu()  # (B, L - 1): hit[:, p - 1] judges token p
-        out += answer_verdicts(hit, chunk)
-    return out
 
 
 def counts(per_prompt: list[list[bool]]) -> dict[str, int]:
@@ -157,107 +136,157 @@ def row_keys(spec: RunSpec, cfg: ProbesConfig, eval_cfg: EvalConfig, layout) -> 
     }
 
 
+def prompt_sha(prompt) -> str:
+    """A fingerprint of one prompt as judged (its tokens and answers; a text prompt's text and references)."""
+    return hashlib.sha256(repr(getattr(prompt, "identity", prompt)).encode()).hexdigest()[:16]
+
+
+def kept_prompts(out: Path, base_row: dict) -> dict[tuple, dict]:
+    """out/prompts.csv's rows of this model, probe, prompt spec and seed, by (policy, extension,
+    length, variant, prompt index): the prompts `--resume` does not judge again (if the prompt is
+    the same)."""
+    return {(r["scaling"], r.get("extension") or "none", int(r["eval_len"]), r["variant"], int(r["prompt"])): r
+            for r in results.read_rows(results.table_path(out, "prompts")) if same_prompts(r, base_row)}
+
+
+@dataclass
+class Verdicts:
+    """Prompt verdicts, a measure of posbench.sweep: for each cell, the prompts of every variant of
+    the probe at that length (`prompts`: (length, variant) -> prompts, the same for every policy)
+    answered by the model, teacher-forced for a trained run and greedily for a pretrained model
+    (the reader's `answers`), once per position draw. Each prompt's verdicts go to prompts.csv (a
+    randomized run's: each draw's in turn), the cell's counts to probes.csv. `columns`: what the
+    rows say beyond the model (task, probe, spec, chance, corpus); `cell_columns(cell)` a cell's
+    own (a RULER task's chance); `threshold`: a trained run's gate (None: no gate). `out` with
+    `resume`: a cell, and within a cell a prompt, that out holds already for this model, probe,
+    prompts and policy is kept, not read again."""
+
+    prompts: dict[tuple, list]
+    label: Callable[[object], str]
+    columns: dict
+    out: Path | None = None
+    resume: bool = False
+    threshold: float | None = None
+    cell_columns: Callable[[tuple], dict] = lambda cell: {}  # noqa: E731
+    on_length: Callable[[str, int], None] | None = None
+    on_prompt: Callable[[str], None] | None = None
+    tables = ("prompts", "probes")
+
+    def __post_init__(self):
+        self.gates = self.threshold is not None
+        self.cells = list(dict.fromkeys(self.prompts))
+        self.kept_cells: dict | None = None
+        self.done: dict = {}
+
+    def at(self, length: int) -> list[tuple]:
+        return [cell for cell in self.cells if cell[0] == length]
+
+    def kept(self, common: dict):
+        if not (self.resume and self.out is not None):
+            return None
+        if self.kept_cells is None:  # what out holds of this model, probe, prompt spec and seed
+            self.kept_cells, self.done = kept_rows(self.out, common), kept_prompts(self.out, common)
+        cells = self.at(common["eval_len"])
+        old = [self.kept_cells.get((common["scaling"], common["extension"], common["eval_len"], self.label(c[1]),
+                                    len(self.prompts[c]))) for c in cells]
+        if all(old) and all(same_reading(r, common) for r in old):
+            return {"probes": old}
+        return None
+
+    def detection(self, length: int) -> tuple[torch.Tensor, int, str]:
+        tokens = self.prompts[self.at(length)[0]][0].tokens
+        return torch.tensor([tokens]), len(tokens) - 1, "the first prompt"
+
+    def kept_prompt(self, common: dict, cell: tuple, index: int, draws: int) -> list[list[bool]] | None:
+        """A prompt's verdicts per draw as out/prompts.csv holds them (`--resume`), or None."""
+        old = self.done.get((common["scaling"], common["extension"], common["eval_len"], self.label(cell[1]), index))
+        if old is None or old["prompt_sha"] != prompt_sha(self.prompts[cell][index]):
+            return None
+        said, each = [v == "y" for v in old["verdicts"]], len(old["verdicts"]) // draws
+        return [said[d * each: (d + 1) * each] for d in range(draws)]
+
+    def read(self, reader, length: int, common: dict) -> dict[tuple, list[list[list[bool]]]]:
+        """Per cell of this length, per prompt, its verdicts per draw."""
+        cells = self.at(length)
+        where = {k: v for k, v in common.items() if k in results.TABLES["prompts"]["columns"]}
+        said = {cell: [self.kept_prompt(common, cell, i, reader.draws) for i in range(len(self.prompts[cell]))]
+                for cell in cells}
+        todo = [(cell, i) for cell in cells for i, old in enumerate(said[cell]) if old is None]
+        if self.on_length is not None:
+            self.on_length(f"{common.get('probe', '')} {common['scaling']} {length}", sum(map(len, said.values())))
+        for cell in cells:
+            for old in said[cell]:
+                if old is not None:
+                    self.said(cell, [v for d in old for v in d], ", kept")
+        for cell, i in todo:
+            said[cell][i] = []
+        written, last = [], time.perf_counter()
+        try:
+            for draw in range(reader.draws):
+                began = time.perf_counter()
+                answered = reader.answers([self.prompts[c][i] for c, i in todo], length, draw)
+                for (cell, i), verdicts in zip(todo, answered):
+                    said[cell][i].append(list(verdicts))
+                    if draw < reader.draws - 1:
+                        continue
+                    flat = [v for d in said[cell][i] for v in d]
+                    written.append({**where, "variant": self.label(cell[1]), "prompt": i,
+                                    "prompt_sha": prompt_sha(self.prompts[cell][i]), "answers": len(flat),
+                                    "hits": sum(flat), "verdicts": "".join("y" if v else "n" for v in flat),
+                                    "seconds": round(time.perf_counter() - began, 1), "created": results.stamp()})
+                    began = time.perf_counter()
+                    self.said(cell, flat)
+                    if self.out is not None and time.perf_counter() - last > 2:  # a long cell keeps what it judged
+                        results.merge_rows(self.out, "prompts", written)
+                        written, last = [], time.perf_counter()
+        finally:  # what was judged is kept, even when the cell fails or is interrupted
+            if self.out is not None and written:
+                results.merge_rows(self.out, "prompts", written)
+        return said
+
+    def said(self, cell: tuple, verdicts: list[bool], how: str = "") -> None:
+        if self.on_prompt is not None:
+            self.on_prompt(f"{self.label(cell[1])} {sum(verdicts)}/{len(verdicts)} right{how}".strip())
+
+    def rows(self, common: dict, result: dict[tuple, list[list[list[bool]]]], reason: str) -> dict[str, list[dict]]:
+        rows = []
+        for cell in self.at(common["eval_len"]):
+            c = counts([d for prompt in result[cell] for d in prompt])  # each prompt's draws, each its own trial
+            rows.append({**common, "variant": self.label(cell[1]), **c, **verdict_columns(c),
+                         "trials": len(self.prompts[cell]), "status": "ok", "reason": reason, **self.cell_columns(cell)})
+        return {"probes": rows}
+
+    def unread(self, common: dict, status: str, reason: str) -> dict[str, list[dict]]:
+        return {"probes": [{**common, "variant": self.label(cell[1]), "trials": len(self.prompts[cell]),
+                            "status": status, "reason": reason, **self.cell_columns(cell)}
+                           for cell in self.at(common["eval_len"])]}
+
+    def finish(self, rows: list[dict]) -> list[dict]:
+        return gate(rows, self.threshold) if self.gates else rows
+
+
 def evaluate_run(run_dir: Path, cfg: ProbesConfig, eval_cfg: EvalConfig, device: str = "auto",
-                 task: str | None = None, resume: Path | None = None) -> list[dict]:
-    """probes.csv rows of one finished run: every eval-time variant x length x probe variant.
-    `resume` (a folder): a length whose rows its probes.csv holds already for this run, probe,
-    prompts and policy (the same plug-in file, position draws and trials) is kept, not read again."""
-    dev = resolve_device(device)
-    spec, model, _ = load_trained(run_dir, dev)
+                 task: str | None = None, resume: Path | None = None, out: Path | None = None) -> list[dict]:
+    """probes.csv rows of one finished run: every eval-time variant x length x probe variant
+    (merged into out/probes.csv and its prompts' verdicts into out/prompts.csv cell by cell, given
+    `out`). `resume` (a folder): a length whose rows its probes.csv holds already for this run,
+    probe, prompts and policy (the same plug-in file, position draws and trials) is kept, not read again."""
+    reader = TrainedReader(run_dir, eval_cfg, device, task)
+    spec = reader.spec
     probe = probe_of(spec)
     if probe is None:
         raise PosbenchError(f"run {spec.run_id} was trained on {spec.data.spec!r}, not on a probe's examples")
     lengths = lengths_for(cfg, spec.original_len)
-    variants = probe.variants()
     # Every prompt first: a length too short for the prompt fails before any model runs.
-    cells = {(n, v): probe.prompts(n, v, cfg.trials, cfg.seed) for n in lengths for v in variants}
-    base = {
-        "run_id": spec.run_id, "task": task or spec.task, "probe": probe.name, "spec": spec.data.spec,
-        "scheme": spec.scheme, "params": model.layout.describe(), "seed": spec.seed,
-        "train_len": spec.original_len, "chance": probe.chance, **extension_columns(spec.extension),
-        **evaluation_columns(spec.train, eval_cfg.position_draws),
-        **results.provenance(dev.type, spec.train.dtype, probe_corpus(spec.data)[1]),
-    }
-    draws = max(1, base["position_draws"])
-    kept = kept_rows(resume, base) if resume is not None else {}
-    rows = []
-    for variant in variants_for(spec, eval_cfg, model.layout):
-        model.layout.set_scaling(variant.scaling)
-        model.layout.set_extension(variant.extension)
-        group = []
-        for length in lengths:
-            common = {**base, "eval_len": length, "ratio": length / spec.original_len,
-                      "scaling": variant.scaling_label, "extension": variant.extension, **variant.scaling.provenance(),
-                      "backend": model.layout.backends(dev, model.backend)}
-            labels = [probe.variant_label(v) for v in variants]
-            old = [kept.get((variant.scaling_label, variant.extension, length, lab, cfg.trials)) for lab in labels]
-            if all(old) and all(same_reading(r, common) for r in old):  # --resume: this length is read already
-                group += old
-                continue
-            prompts = [p for v in variants for p in cells[(length, v)]]
-            judged: list[list[bool]] = []
-            note = ""
-            try:  # every variant of a length in one batch, once per position draw
-                if variant.scaling.detects:  # DPE's scales at this length, on the first prompt's tokens
-                    note = trained_dpe(model, dev, spec.train.dtype, variant.scaling, length - 1,
-                                       torch.tensor([prompts[0].tokens]), "the first prompt")
-                for draw in range(draws):
-                    pos = evaluation_positions(spec.train, length, draw)
-                    judged.append(verdicts(model, prompts, dev, spec.train.dtype, pos))
-            except PositionLimitError as e:
-                group += [{**common, "variant": lab, "trials": cfg.trials, "status": "unsupported",
-                           "reason": str(e)} for lab in labels]
-                continue
-            except Exception as e:  # the scheme fails at this length: this length's rows say so, the others go on
-                reason = failure(e, length)
-                if reason is None:
-                    raise
-                group += [{**common, "variant": lab, "trials": cfg.trials, "status": "failed", "reason": reason}
-                          for lab in labels]
-                continue
-            for k, lab in enumerate(labels):
-                cell = counts([v for d in judged for v in d[k * cfg.trials: (k + 1) * cfg.trials]])
-                group.append({**common, "variant": lab, **cell, "trials": cfg.trials,
-                              **verdict_columns(cell), "status": "ok", "reason": note})
-        rows += gate(group, eval_cfg.learned_threshold)
-    return rows
+    prompts = {(n, v): probe.prompts(n, v, cfg.trials, cfg.seed) for n in lengths for v in probe.variants()}
+    columns = {"probe": probe.name, "spec": spec.data.spec, "chance": probe.chance,
+               "corpus": probe_corpus(spec.data)[1]}
+    measure = Verdicts(prompts, probe.variant_label, columns, resume or out, resume is not None,
+                       eval_cfg.learned_threshold)
+    return sweep(reader, measure, lengths, out)["probes"]
 
 
 def scoring_kept(run_dir: Path, scored: int, out: Path) -> str:
     """What a Ctrl-C while scoring the probes of `run_dir` keeps: the rows of the runs before it."""
     return (f"while scoring the probes of {run_dir.name}; {results.table_path(out, 'probes')} keeps the rows "
             f"of the {scored} run(s) scored before it, trained models are kept")
-
-
-def evaluate(runs_dir: Path | str, cfg: ProbesConfig, eval_cfg: EvalConfig, probes: tuple[str, ...],
-             schemes: tuple[str, ...] | None = None, out: Path | str | None = None, device: str = "auto",
-             progress: bool = False, resume: bool = False) -> list[dict]:
-    """Scores of every finished run trained on one of `probes` (names), merged into out/probes.csv
-    (`resume`: the cells out/probes.csv holds already are kept, evaluate_run)."""
-    runs = []
-    for run_dir in find_runs(runs_dir, schemes):
-        spec, _ = load_spec(run_dir)
-        probe = probe_of(spec)
-        if probe is not None and probe.name in probes:
-            runs.append(run_dir)
-    if not runs:
-        raise PosbenchError(f"no trained runs of probes {', '.join(probes)} in {runs_dir}; train on the "
-                            f"probe's data first (`posbench train --data {probes[0]}` or a task's [probes])")
-    for run_dir in runs:  # before any run is scored, so that nothing is written
-        check_lengths(probe_of(load_spec(run_dir)[0]), cfg.lengths)
-    out = Path(out or runs_dir)
-    refuse_stale(results.read_probes(out), [from_eval(k, eval_cfg) for k in specs(eval_cfg)],
-                 str(results.table_path(out, "probes")))
-    all_rows = []
-    from rich.progress import Progress
-
-    with Progress(disable=not progress, transient=True) as bar:
-        job = bar.add_task("probes", total=len(runs))
-        for k, run_dir in enumerate(runs):
-            bar.update(job, description=f"probe {run_dir.name}")
-            with on_interrupt(scoring_kept(run_dir, k, out)):
-                rows = evaluate_run(run_dir, cfg, eval_cfg, device, resume=out if resume else None)
-            results.merge_rows(out, "probes", rows)
-            all_rows += rows
-            bar.advance(job)
-    return all_rows

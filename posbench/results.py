@@ -72,14 +72,15 @@ TABLES: dict[str, dict[str, list[str]]] = {
                     "reason", "parent_run", "extend_method", "extend_len", "extend_steps",
                     "position_sampling"] + PROVENANCE + [POLICY_SHA],
     },
-    # One row per prompt of a pretrained model's probe (posbench.pretrained.judge_prompts): its
-    # verdict per reference (`verdicts`: y or n each), written as each prompt is judged, so that
-    # `--resume` reads again only the prompts an interruption lost, and policies can be paired
-    # prompt by prompt. `prompt_sha` fingerprints the prompt: a kept verdict is for the same prompt.
+    # One row per prompt of a probe, trained run or pretrained model (posbench.probing.Verdicts): its
+    # verdict per answer (`verdicts`: y or n each; a randomized run's, each position draw's in turn),
+    # written as the prompts are judged, so that `--resume` reads again only the prompts an
+    # interruption lost, and policies can be paired prompt by prompt. `prompt_sha` fingerprints the
+    # prompt: a kept verdict is for the same prompt.
     "prompts": {
-        "key": ["run_id", "probe", "spec", "seed", "eval_len", "variant", "scaling", "prompt"],
+        "key": ["run_id", "probe", "spec", "seed", "eval_len", "variant", "scaling", "extension", "prompt"],
         "columns": ["run_id", "task", "probe", "spec", "scheme", "seed", "train_len", "eval_len", "variant",
-                    "scaling", "prompt", "prompt_sha", "answers", "hits", "verdicts", "seconds", "backend",
+                    "scaling", "extension", "prompt", "prompt_sha", "answers", "hits", "verdicts", "seconds", "backend",
                     "device", "dtype", "git_sha", "created", "machine"],
     },
     # Per run and protocol (perplexity: mode and stride; accuracy: the probe), the longest length
@@ -128,6 +129,7 @@ ADDED_LATER: dict[str, set[str]] = {
                *EXTENSION, *MACHINE, POLICY_SHA},
     "effective_length": {"position_draws", "basis", SAMPLING, *EXTENSION, *MACHINE},
     "attention": {SAMPLING},
+    "prompts": {"extension"},
     "speed": {"device_name", "compile"},
 }
 

@@ -29,6 +29,7 @@ from functools import cache, lru_cache
 from typing import Callable
 
 from posbench.errors import PosbenchError, did_you_mean
+from posbench.matching import clean, references_found  # noqa: F401 - RULER's scoring, used by the text probes
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 NEEDLE = "One of the special magic {type_needle_v} for {key} is: {value}."
@@ -396,18 +397,6 @@ def prompt(task: Task, length: int, seed: str, count: Callable[[str], int], essa
 
 
 # --- scoring (RULER's scripts/eval/synthetic/constants.py) ---------------------------------------
-
-
-def clean(output: str) -> str:
-    """RULER's postprocessing: control characters become new lines, the ends are stripped."""
-    return re.sub(r"[\x00-\x1f]", "\n", output.strip()).strip()
-
-
-def references_found(output: str, answers: tuple[str, ...]) -> list[bool]:
-    """Per reference, whether the output holds it (case-insensitive): string_match_all is their
-    mean, string_match_part (RULER's metric for its QA tasks) their maximum."""
-    said = clean(output).lower()
-    return [a.lower() in said for a in answers]
 
 
 def chance(p: Prompt) -> float:

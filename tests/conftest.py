@@ -10,6 +10,7 @@ from posbench.data import DataConfig
 from posbench import layout, plugins
 from posbench.model import ModelConfig, Transformer
 from posbench.probes import PROBES
+from posbench.probes.base import TEXT_PROBES
 from posbench.schemes import SCHEMES, Dims
 
 # Two threads a test, as CI's two cores; under pytest-xdist the workers share the cores instead
@@ -36,12 +37,12 @@ def _isolated_caches(tmp_path_factory):
 @pytest.fixture
 def registry():
     """Plug-ins register into the process's registries: each test gets them back as they were."""
-    saved = dict(SCHEMES), dict(PROBES), dict(plugins._loaded), list(plugins._command_line)
+    saved = dict(SCHEMES), dict(PROBES), dict(TEXT_PROBES), dict(plugins._loaded), list(plugins._command_line)
     yield
-    for live, old in zip((SCHEMES, PROBES, plugins._loaded), saved):
+    for live, old in zip((SCHEMES, PROBES, TEXT_PROBES, plugins._loaded), saved):
         live.clear()
         live.update(old)
-    plugins._command_line[:] = saved[3]
+    plugins._command_line[:] = saved[4]
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:

@@ -12,7 +12,7 @@ from posbench.attention import Span
 from posbench.attention_measures import Recorder, query_measures
 from posbench.cli import main
 from posbench.config import EvalConfig
-from posbench.evaluate import extrapolate
+from posbench.readings import Models, extrapolate_runs
 from posbench.runs import RunSpec
 from posbench.training import train
 
@@ -103,7 +103,7 @@ def runs(tiny_data, tmp_path_factory):
 @pytest.mark.slow
 def test_attention_rows_keyed_and_merged_without_duplicates(runs, tmp_path):
     cfg = EvalConfig(lengths=(16, 32), tokens=64)
-    rows = extrapolate(runs, cfg, out=tmp_path, device="cpu", attention=True)
+    rows = extrapolate_runs(Models(runs, device="cpu"), cfg, tmp_path, attention=True)
     first = results.read_rows(tmp_path / "attention.csv")
     # 2 runs x 2 lengths x 2 layers x 4 heads
     assert len(first) == 2 * 2 * 2 * 4
@@ -112,7 +112,7 @@ def test_attention_rows_keyed_and_merged_without_duplicates(runs, tmp_path):
     for r in first:
         assert 0 <= float(r["entropy_norm"]) <= 1 + 1e-6 and 0 <= float(r["sink_mass"]) <= 1
         assert (r["far_mass"] == "") == (r["eval_len"] == "16")  # no key past L inside L
-    extrapolate(runs, cfg, out=tmp_path, device="cpu", attention=True)
+    extrapolate_runs(Models(runs, device="cpu"), cfg, tmp_path, attention=True)
     second = results.read_rows(tmp_path / "attention.csv")
     assert len(second) == len(first)
     assert [r["entropy"] for r in second] == [r["entropy"] for r in first]  # deterministic
@@ -144,8 +144,8 @@ def test_extrapolate_attention_cli(runs, tmp_path, capsys):
 @pytest.mark.slow
 def test_report_merges_attention_tables_of_shards_without_duplicates(runs, tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
-    extrapolate(runs, EvalConfig(lengths=(16,), tokens=64), ["rope"], out=a, device="cpu", attention=True)
-    extrapolate(runs, EvalConfig(lengths=(32,), tokens=64), ["rope"], out=b, device="cpu", attention=True)
+    extrapolate_runs(Models(runs, ["rope"], device="cpu"), EvalConfig(lengths=(16,), tokens=64), a, attention=True)
+    extrapolate_runs(Models(runs, ["rope"], device="cpu"), EvalConfig(lengths=(32,), tokens=64), b, attention=True)
     for _ in range(2):  # merging the same shard again replaces its rows
         assert main(["report", str(a), "--merge", str(b)]) == 0
         rows = results.read_rows(a / "attention.csv")

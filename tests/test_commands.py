@@ -113,9 +113,9 @@ def test_every_argument_of_the_api_is_typed_as_its_flag(call, message, tmp_path,
 def test_an_api_list_is_refused_as_its_text_is_and_no_row_is_rewritten(tmp_path, monkeypatch):
     """lengths=[32.5] is `--lengths 32.5`, refused before any run is scored (int(32.5) scored the
     32-token rows again, at the task's default number of tokens)."""
-    from posbench import evaluate
+    from posbench import readings
 
-    monkeypatch.setattr(evaluate, "extrapolate", lambda *args, **kwargs: pytest.fail("scored"))
+    monkeypatch.setattr(readings, "extrapolate", lambda *args, **kwargs: pytest.fail("scored"))
     for lengths in ([32.5], [32.0], "64.5"):
         with pytest.raises(PosbenchError, match="expected comma-separated integers"):
             posbench.extrapolate(lengths=lengths, runs_dir=tmp_path)

@@ -12,7 +12,9 @@ from conftest import TINY_MODEL, TINY_TRAIN, tiny_model
 from posbench import results
 from posbench.cli import main
 from posbench.config import EvalConfig
-from posbench.evaluate import TrainedScorer, evaluate_run, extrapolate, score, windows
+from posbench.evaluate import evaluate_run, score, windows
+from posbench.readers import TrainedScorer
+from posbench.readings import Models, extrapolate_runs
 from posbench.runs import RunSpec
 from posbench.training import train
 
@@ -161,9 +163,9 @@ def test_llama3_bounds_from_the_command_line(trained, tmp_path, capsys):
 
 def test_repeated_extrapolate_never_duplicates(trained, tmp_path):
     cfg = EvalConfig(lengths=(16, 32), tokens=64)
-    extrapolate(trained, cfg, out=tmp_path, device="cpu")
+    extrapolate_runs(Models(trained, device="cpu"), cfg, tmp_path)
     first = results.read_rows(tmp_path / "extrapolation.csv")
-    extrapolate(trained, cfg, out=tmp_path, device="cpu")
+    extrapolate_runs(Models(trained, device="cpu"), cfg, tmp_path)
     second = results.read_rows(tmp_path / "extrapolation.csv")
     assert len(first) == len(second) == 3 * 2
     assert [r["loss"] for r in first] == [r["loss"] for r in second]  # deterministic

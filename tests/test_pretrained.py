@@ -389,15 +389,15 @@ def test_an_interrupted_probe_resumes_at_the_length_it_lost(folder, tmp_path, mo
     the cells --out lacks (a policy added later, a length lost to an interruption) and keeps the
     rest as they are."""
     out = tmp_path / "out"
-    real, calls = pretrained.drivers.ruler_verdicts, []
+    real, calls = pretrained.Pretrained.greedy, []
 
-    def counted(m, task, p):
-        calls.append(len(p.text))
+    def counted(m, prompt, *args, **kwargs):  # one greedy decoding a prompt
+        calls.append(len(prompt))
         if fail_at and len(calls) == fail_at:
             raise KeyboardInterrupt
-        return real(m, task, p)
+        return real(m, prompt, *args, **kwargs)
 
-    monkeypatch.setattr(pretrained.drivers, "ruler_verdicts", counted)
+    monkeypatch.setattr(pretrained.Pretrained, "greedy", counted)
     command = ["probe", "--model", f"hf:{folder}", "--probe", "ruler:niah_single_1", "--lengths", "1024,1200",
                "--trials", "2", "--out", str(out)]
     fail_at = 4  # the second of 1200's prompts: 1024's rows are written, 1200's are not
@@ -446,7 +446,7 @@ def test_no_pretrained_row_is_gated_and_resume_ungates_an_earlier_ones(tmp_path)
            "status": probing.NOT_LEARNED, "reason": f"same frequencies as none; accuracy at the training length "
                                                     f"below 0.9{probing.GATED}"}
     results.merge_rows(tmp_path, "probes", [row])
-    (kept,) = pretrained.kept_rows(tmp_path, base).values()
+    (kept,) = probing.kept_rows(tmp_path, base).values()
     assert kept["status"] == "ok" and kept["reason"] == "same frequencies as none" and kept["hits"] == 1
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import TINY_PASSKEY, tiny_model
-from posbench import batches, config, effective, probing, results, stats
+from posbench import batches, config, effective, probing, readers, results, stats
 from posbench.cli import main
 from posbench.config import TrainConfig
 from posbench.data import DataConfig
@@ -360,11 +360,11 @@ def greedy(model, prompt) -> list[bool]:
 def test_oracle_scores_one_and_wrong_answers_zero(name):
     ps = prompts(name, n=3)
     oracle = Oracle(ps)
-    assert probing.verdicts(oracle, ps, "cpu") == [[True] * len(p.answers) for p in ps]
+    assert readers.verdicts(oracle, ps, "cpu") == [[True] * len(p.answers) for p in ps]
     assert oracle.widths == [LENGTH]  # one forward of exactly the length
-    assert probing.verdicts(Oracle(ps, lambda i, k: 1), ps, "cpu") == [[False] * len(p.answers) for p in ps]
+    assert readers.verdicts(Oracle(ps, lambda i, k: 1), ps, "cpu") == [[False] * len(p.answers) for p in ps]
     last = {i: len(p.answers) - 1 for i, p in enumerate(ps)}
-    judged = probing.verdicts(Oracle(ps, lambda i, k: k == last[i]), ps, "cpu")
+    judged = readers.verdicts(Oracle(ps, lambda i, k: k == last[i]), ps, "cpu")
     assert judged == [[True] * (len(p.answers) - 1) + [False] for p in ps]
 
 
@@ -372,10 +372,10 @@ def test_oracle_scores_one_and_wrong_answers_zero(name):
 def test_one_forward_gives_the_greedy_verdicts(name):
     ps = prompts(name, n=4)
     sometimes = Oracle(ps, lambda i, k: i % 2 and k == 0)  # wrong first answer on every other prompt
-    judged = probing.verdicts(sometimes, ps, "cpu")
+    judged = readers.verdicts(sometimes, ps, "cpu")
     assert judged == [greedy(sometimes, p) for p in ps] and 0 < sum(all(v) for v in judged) < len(ps)
     model = tiny_model("rope", train_len=LENGTH, vocab=TOKENIZER.vocab_size)
-    assert probing.verdicts(model, ps[:1], "cpu") == [greedy(model, ps[0])]
+    assert readers.verdicts(model, ps[:1], "cpu") == [greedy(model, ps[0])]
 
 
 def test_per_answer_and_exact_verdicts_of_hand_built_cells():
@@ -506,13 +506,13 @@ def test_probe_resume_reads_only_the_cells_out_lacks(probe_run, tmp_path, monkey
     gate is drawn again over kept and new rows; other prompts (trials, seed) are not kept."""
     _, runs, _ = probe_run
     out = tmp_path / "out"
-    real, calls = probing.verdicts, []
+    real, calls = readers.verdicts, []
 
     def counted(model, prompts, *args, **kwargs):
         calls.append(len(prompts[0].tokens))
         return real(model, prompts, *args, **kwargs)
 
-    monkeypatch.setattr(probing, "verdicts", counted)
+    monkeypatch.setattr(readers, "verdicts", counted)
     args = ["probe", "--probe", "copy", "--runs-dir", str(runs), "--trials", "2", "--scheme", "rope",
             "--device", "cpu", "--out", str(out)]
     assert main(args + ["--lengths", "32", "--rope-scaling", "none"]) == 0
@@ -523,11 +523,20 @@ def test_probe_resume_reads_only_the_cells_out_lacks(probe_run, tmp_path, monkey
     assert calls == []  # nothing read again
     assert {(r["run_id"], r["scaling"], r["eval_len"]): r for r in results.read_rows(out / "probes.csv")} == first
     assert main(args + ["--lengths", "32,64", "--rope-scaling", "none,yarn", "--resume"]) == 0
-    # rope: yarn at 32 and 64, none at 64; randomized (none only): 64, once per draw
-    assert sorted(calls) == [32, 64, 64] + [64] * 4
+    # rope: none and yarn at 64, yarn at 32 the frequencies of none's kept cell; randomized (none only): 64,
+    # once per draw
+    assert sorted(calls) == [64, 64] + [64] * 4
     rows = {(r["run_id"], r["scaling"], r["eval_len"]): r for r in results.read_rows(out / "probes.csv")}
+    (yarn,) = [r for k, r in rows.items() if k[1:] == ("yarn", "32")]
+    assert yarn["reason"].startswith("same frequencies as none") and yarn["hits"] == first[(yarn["run_id"], "none", "32")]["hits"]
     assert len(rows) == 2 + 4 and all(rows[k] == row for k, row in first.items())  # created unchanged
     assert {r["status"] for r in rows.values()} == {"not learned"}  # two steps: the gate drawn over both
+    prompts = results.read_rows(out / "prompts.csv")  # each prompt's verdicts (each draw's in turn)
+    for (run, scaling, length), r in rows.items():
+        said = [p for p in prompts if (p["run_id"], p["scaling"], p["eval_len"]) == (run, scaling, length)]
+        if not r["reason"].startswith("same frequencies as"):
+            assert len(said) == 2 and sum(int(p["hits"]) for p in said) == int(r["hits"])
+            assert sum(len(p["verdicts"]) for p in said) == int(r["answers"])
     calls[:] = []
     assert main(args[:-2] + ["--trials", "3", "--lengths", "32", "--rope-scaling", "none", "--resume", "--out",
                              str(out)]) == 0
@@ -677,7 +686,7 @@ def test_a_registered_probe_reads_symbols():
     class Spoken(Probe):
         name, summary, reference, reads = "spoken", "asks in words", "none", "text"
 
-    with pytest.raises(PosbenchError, match="sets reads = 'text': a registered probe reads posbench's symbols"):
+    with pytest.raises(PosbenchError, match=r"reads = .text.: a Probe reads posbench.s symbols.*posbench.probes.TextProbe"):
         register(Spoken)
     assert "spoken" not in PROBES
 

@@ -10,8 +10,7 @@ from posbench import config, results
 from posbench.commands import console, failed, plain, say
 from posbench.commands import frame as to_frame
 from posbench.commands.options import Device, Model, ModelDtype, Out, RunsDir, Schemes, Task, load_plugins, \
-    scheme_names, settings, takes, task_folder, trained_only
-from posbench.errors import PosbenchError
+    models, reading, settings, takes
 
 # its line in posbench/docs/commands.md, and the pages that explain it
 SUMMARY = "perplexity of the trained runs at longer lengths, eval-time RoPE scaling"
@@ -37,25 +36,14 @@ def extrapolate(
 ) -> pd.DataFrame:
     """Evaluate every trained run on the test split at every length; CSVs, a table and plots
     (--out, default the runs folder). With --model, a pretrained model instead of trained runs."""
-    from posbench import effective, evaluate, reporting
+    from posbench import effective, readings, reporting
 
     load_plugins(plugins)
-    t = config.load_task(task or ("pretrained" if model else None))
+    t = reading(task, model)
     cfg = settings(t.eval, given)
     out_dir = Path(out or runs_dir)
-    if model or t.pretrained:
-        from posbench import pretrained
-        from posbench.device import resolve_device
-
-        if attention:
-            raise PosbenchError("--attention measures posbench's own models; a pretrained model has no such path")
-        results.check_folder(out_dir)  # before the model loads
-        rows = pretrained.extrapolate(model or t.pretrained, cfg, t.data.spec, out_dir, t.name, progress,
-                                      task_folder(task), resolve_device(device), dtype or t.pretrained_dtype)
-    else:
-        trained_only(dtype)
-        rows = evaluate.extrapolate(Path(runs_dir), cfg, scheme_names(schemes), out_dir, device, progress=progress,
-                                    attention=attention)
+    rows = readings.extrapolate(models(t, task, runs_dir, schemes, model, dtype, device), cfg, out_dir, progress,
+                                attention)
     effective.write(out_dir, cfg.effective_tolerance, cfg.effective_threshold, cfg.effective_share)
     extrapolation = results.read_rows(results.table_path(out_dir, "extrapolation"))
     reporting.plot_extrapolation(extrapolation, out_dir / "extrapolation.png")

@@ -74,7 +74,7 @@ def inspect(
 
 
 def _runs(run: str | None, runs_dir: Path | None, chosen: tuple[str, ...] | None) -> list[Path]:
-    from posbench import evaluate
+    from posbench.readers import find_runs
 
     home = Path(runs_dir or "runs")
     if run is not None and chosen:
@@ -83,7 +83,7 @@ def _runs(run: str | None, runs_dir: Path | None, chosen: tuple[str, ...] | None
         if not (home / run / "config.json").exists():
             raise PosbenchError(f"no run {run!r} in {home}")
         return [home / run]
-    runs = evaluate.find_runs(home, scheme_names(chosen))
+    runs = find_runs(home, scheme_names(chosen))
     if not runs:
         raise PosbenchError(f"no finished runs{' of ' + ', '.join(chosen) if chosen else ''} in {home}")
     return runs

@@ -160,6 +160,24 @@ def load_plugins(specs: Sequence[str] | str) -> None:
     plugins.load_all([specs] if isinstance(specs, str) else specs)
 
 
+def reading(task: str | None, model: str | None) -> config.Task:
+    """The task an evaluation command reads under: --task, else the pretrained task for --model, else
+    the default."""
+    return config.load_task(task or ("pretrained" if model else None))
+
+
+def models(t, task: str | None, runs_dir: Path, schemes, model: str | None, dtype: str | None, device: str):
+    """What an evaluation command reads (posbench.readings.Models): --model or the task's pretrained
+    model, else the finished runs of the runs folder (of --schemes); --dtype is a pretrained model's."""
+    from posbench.readings import Models
+
+    model = model or t.pretrained
+    if not model:
+        trained_only(dtype)
+    return Models(Path(runs_dir), scheme_names(schemes), model=model, task=t.name, corpus=t.data.spec,
+                  base=task_folder(task), device=device, dtype=dtype or t.pretrained_dtype)
+
+
 def task_folder(task: str | None) -> Path | None:
     """The folder of a task file, against which its relative paths (a pretrained model) are read."""
     path = config.find_task(task) if task else None

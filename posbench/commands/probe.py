@@ -12,7 +12,7 @@ from posbench.commands import console, failed, plain
 from posbench.commands import frame as to_frame
 from posbench.commands.extrapolate import note_scalings
 from posbench.commands.options import Device, Model, ModelDtype, Out, Resume, RunsDir, Schemes, Task, load_plugins, \
-    names, scheme_names, settings, takes, task_folder, trained_only
+    models, reading, names, settings, takes
 from posbench.errors import PosbenchError
 
 # its line in posbench/docs/commands.md, and the pages that explain it
@@ -44,8 +44,7 @@ def probe(
     probes.csv, one heatmap per probe and report.md (--out, default the runs folder). With
     --model, the passkey test of a pretrained model (natural-language filler, greedy decoding) and
     RULER's synthetic tasks (--probe ruler:TASK, e.g. ruler:niah_single_1, ruler:cwe)."""
-    from posbench import probing, reporting
-    from posbench.probes import probe_name
+    from posbench import readings, reporting
 
     load_plugins(plugins)
     chosen = names(probe) if probe else None
@@ -53,28 +52,13 @@ def probe(
         return to_frame(catalogue(chosen), listing=True)
     if not chosen:
         raise PosbenchError("name probes with --probe NAME[,NAME] (see `posbench probe --list`)")
-    t = config.load_task(task or ("pretrained" if model else None))
-    check_names(chosen, bool(model or t.pretrained))
+    t = reading(task, model)
+    which = models(t, task, runs_dir, schemes, model, dtype, device)
+    check_names(chosen, which.pretrained)
     cfg = settings(t.probes, given)
     eval_cfg = settings(t.eval, {k: given.get(k) for k in ("position_draws", *config.POLICY_FLAGS)})
     out_dir = Path(out or runs_dir)
-    if model or t.pretrained:
-        from posbench.device import resolve_device
-        from posbench.probes.text import find
-
-        dev, rows, precision = resolve_device(device), [], dtype or t.pretrained_dtype
-        results.check_folder(out_dir)  # before the model loads: a refusal is the command's one line
-        for name in chosen:
-            rows += find(name, True).read(model or t.pretrained, cfg, eval_cfg, cfg.lengths or t.eval.lengths, out_dir,
-                                          t.name, progress, task_folder(task), resume, dev, precision)
-    else:
-        trained_only(dtype)
-        if resume and cfg.seed != config.ProbesConfig().seed:
-            raise PosbenchError(f"--resume keeps a trained run's cells read with the prompts of seed "
-                                f"{config.ProbesConfig().seed} (probes.csv names a trained run's seed, not its "
-                                f"prompts'): drop --seed {cfg.seed} or --resume")
-        rows = probing.evaluate(Path(runs_dir), cfg, eval_cfg, tuple(probe_name(n) for n in chosen),
-                                scheme_names(schemes), out_dir, device, progress=progress, resume=resume)
+    rows = readings.probe(which, chosen, cfg, eval_cfg, cfg.lengths or t.eval.lengths, out_dir, progress, resume)
     reporting.write_report(out_dir, t.eval.effective_tolerance, t.eval.effective_threshold, t.eval.effective_share)
     return to_frame(rows, eval=eval_cfg, out=out_dir)
 
@@ -101,7 +85,7 @@ def catalogue(chosen: Optional[Sequence[str]] = None) -> list[dict[str, str]]:
             named.setdefault((e.name, e.reads), e)
     return [{"name": e.name, "reads": READS[e.reads], "what it asks": e.summary,
              "default settings": parse_probe(e.name).settings() if e.reads == SYMBOLS else e.settings,
-             "reference": e.reference, "source": plugins.describe(e) if e.reads == SYMBOLS else "built-in"}
+             "reference": e.reference, "source": plugins.describe(e)}
             for e in (named.values() if chosen else listing())]
 
 

@@ -90,7 +90,7 @@ def type_like(default: Any, value: float) -> Any:
 def readings(policy: Policy) -> dict[int, dict]:
     """At every length: the model's logits (1, n, V) and mean loss on the same tokens, or the
     error line a row would carry."""
-    from posbench.evaluate import failure
+    from posbench.sweep import failure
 
     model = sharpened(build("rope"))
     tokens = torch.randint(0, VOCAB, (1, max(LENGTHS) + 1), generator=torch.Generator().manual_seed(1))

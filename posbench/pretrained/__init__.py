@@ -18,27 +18,26 @@ one of them, its scales detected at each length on validation windows of the cor
 or on the length's first prompt (probes); DoPE's attention function `dope_attention` replaces the
 noisy heads' q and k (posbench.schemes.dope) before a causal softmax.
 
-Perplexity is posbench.evaluate's: the model is a Scorer (`Pretrained.losses`, one window per
-forward) read by the same `score`, over the task's corpus tokenized by the model's tokenizer, the
+Perplexity is posbench.evaluate's: the model is a reader of posbench.sweep and a Scorer
+(`Pretrained.losses`, one window per forward) read by the same `score`, over the task's corpus tokenized by the model's tokenizer, the
 same windows, per-position buckets, window losses for paired comparisons, intervals, effective
 length. Rows are keyed by the model (`run_id` = kind:name@sha256 of its file or folder, with
 `+bfloat16` after the name when `--dtype bfloat16` runs its weights in bfloat16, as RULER and vLLM
-run models), never by a training run. Passkey follows the classic prompt (`passkey_prompt`), decoded greedily;
-RULER's synthetic tasks (`ruler:TASK`) take the prompts of posbench.ruler, decoded greedily too,
-and both write probes.csv rows through `judge_prompts`.
+run models), never by a training run. The text probes (posbench.probes.text: the classic passkey prompt,
+RULER's synthetic tasks with the prompts of posbench.ruler, a plug-in's) are decoded greedily and
+read by the same sweep as a trained run's probes (posbench.probing.Verdicts): probes.csv rows per
+cell, prompts.csv rows per prompt.
 
 The package by concern: posbench.pretrained.loading (a spec parsed, the model loaded),
 posbench.pretrained.rotary (the swap of its rotary embedding), posbench.pretrained.attention (the
 attention functions of the two-map policies and DoPE), posbench.pretrained.model (the adapter,
-`Pretrained`), posbench.pretrained.drivers (the readings) and posbench.pretrained.resume (what
-`--resume` keeps).
+`Pretrained`, the sweep's reader) and posbench.pretrained.drivers (the readings, through posbench.sweep).
 """
 
-from posbench.pretrained.drivers import (DIGITS, FILLER, INSTRUCTION, KEY_SENTENCE, QUESTION, encode, extrapolate,
-                                        passkey, passkey_prompt, ruler_probe)
+from posbench.pretrained.drivers import extrapolate, read_probe
 from posbench.pretrained.loading import load, locate, parse, require_extra
 from posbench.pretrained.model import Pretrained, token_stream
-from posbench.pretrained.resume import kept_rows
+from posbench.probes.text import DIGITS, FILLER, INSTRUCTION, KEY_SENTENCE, QUESTION, encode, passkey_prompt
 
-__all__ = ["DIGITS", "FILLER", "INSTRUCTION", "KEY_SENTENCE", "QUESTION", "Pretrained", "encode", "extrapolate", "kept_rows",
-           "load", "locate", "parse", "passkey", "passkey_prompt", "require_extra", "ruler_probe", "token_stream"]
+__all__ = ["DIGITS", "FILLER", "INSTRUCTION", "KEY_SENTENCE", "QUESTION", "Pretrained", "encode", "extrapolate", "load", "locate",
+           "parse", "passkey_prompt", "read_probe", "require_extra", "token_stream"]

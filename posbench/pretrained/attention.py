@@ -10,7 +10,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from posbench.evaluate import ATTN_BYTES
+from posbench.readers import ATTN_BYTES
 from posbench.policies import Policy
 from posbench.policies.rotation import turn_at
 from posbench.policies.two_maps import two_map_scores

@@ -5,17 +5,20 @@ policies of an evaluation set on it and the forwards they share.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from posbench import results
 from posbench.config import EvalConfig
 from posbench.data import load_corpus
 from posbench.errors import PosbenchError
-from posbench.evaluate import ATTN_BYTES
+from posbench.extension import columns as extension_columns
+from posbench.readers import ATTN_BYTES
+from posbench.sweep import Variant
 from posbench.policies import Policy, from_eval, specs
 from posbench.policies.hf import OWN, own_rope_scaling
 from posbench.policies.scaling import note
@@ -37,6 +40,9 @@ class Pretrained:
     rotary: Rotary
     sha256: str
     dtype: str = "float32"  # what its weights and activations compute in
+    eval_cfg: EvalConfig | None = None  # the policies it is read under (`variants`)
+    _variants: tuple[EvalConfig, list] | None = field(default=None, repr=False)
+    draws = 1  # a pretrained model reads each window at positions 0..L-1
 
     @property
     def name(self) -> str:
@@ -52,6 +58,43 @@ class Pretrained:
     @property
     def train_len(self) -> int:
         return self.rotary.train_len
+
+    # ---- as the sweep reads it (posbench.sweep.Reader) ----------------------------------------------
+
+    @property
+    def columns(self) -> dict:
+        """The columns that name it in every row."""
+        return {"run_id": self.run_id, "scheme": self.name, "params": str(self.path), "seed": 0,
+                "train_len": self.train_len, **extension_columns(None), "position_draws": 0,
+                **results.provenance(self.device.type, self.dtype)}
+
+    def variants(self) -> list[Variant]:
+        """The policies of `eval_cfg`, each checked on the model once."""
+        if self._variants is None or self._variants[0] is not self.eval_cfg:
+            self._variants = (self.eval_cfg, [Variant(s) for s in policies(self, self.eval_cfg)])
+        return self._variants[1]
+
+    def set(self, variant: Variant) -> None:
+        self.set_scaling(variant.scaling)
+
+    def cell(self, variant: Variant, length: int) -> dict:
+        return {"scaling": variant.scaling_label, "extension": "none", "backend": self.backend,
+                **variant.scaling.provenance()}
+
+    def distinct(self, scaling: Policy, length: int) -> tuple:
+        return distinct(self, scaling, length)
+
+    def scorer(self, length: int, draw: int = 0, batch_tokens: int = 0) -> "Pretrained":
+        return self
+
+    def rotary_pairs(self) -> tuple[int, int]:
+        return self.rotary.dim // 2, self.train_len
+
+    def answers(self, prompts: list, length: int, draw: int = 0):
+        """Per text prompt, its verdicts on what the model decodes greedily after it."""
+        for p in prompts:
+            made = self.greedy(p.tokens, p.steps, p.to_end)
+            yield p.check(self.tokenizer.decode(made, skip_special_tokens=p.skip_special))
 
     def set_scaling(self, scaling: Policy) -> None:
         try:

@@ -15,11 +15,13 @@ prompt scored at the training length is one of the training distribution.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable, ClassVar
 
 from posbench import plugins
 from posbench.errors import PosbenchError, did_you_mean
+from posbench.matching import references_found
 from posbench.probes.symbols import FILLER, TOKENIZER
 
 
@@ -232,23 +234,112 @@ class Probe:
         return [self.example(rng, length, variant) for _ in range(n)]
 
 
+TEXT = "text"  # what a text probe reads: text through a pretrained model's tokenizer
+
+
+@dataclass(frozen=True)
+class TextPrompt:
+    """One prompt of a text probe: its tokens, the references the output is judged against, the
+    tokens to decode after it (`to_end`: fewer where the model writes its end token; `skip_special`:
+    the output decoded without special tokens), and how it is judged (`check`: output text ->
+    one verdict per reference). `identity` is what its fingerprint in prompts.csv is taken of."""
+
+    tokens: list[int]
+    references: tuple[str, ...]
+    steps: int
+    check: Callable[[str], list[bool]] = field(compare=False, repr=False)
+    to_end: bool = True
+    skip_special: bool = True
+    identity: Any = None
+
+
+def encode(tok, text: str) -> list[int]:
+    """The tokens of `text` by the model's tokenizer `tok`, no special tokens added (as prompts are counted)."""
+    return tok(text, add_special_tokens=False).input_ids
+
+
+class TextProbe:
+    """A probe a pretrained model reads as text. A subclass sets `name`, `summary`, `reference` (and
+    `settings`, the [probes] keys it reads) and writes `prompts`; `variants`, `variant_label`,
+    `verdicts` and `chance` have defaults (one variant; a reference found anywhere in the output,
+    case-insensitive, as RULER's string_match_all; chance 0). Register it with
+    `@posbench.probes.register`. The probe is made for one model: `tokenizer` is the model's."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    reference: ClassVar[str]
+    settings: ClassVar[str] = "trials, seed"
+    reads: ClassVar[str] = TEXT
+
+    def __init__(self, tokenizer, cfg):
+        self.tokenizer = tokenizer
+        self.cfg = cfg  # the [probes] settings: trials, seed, ruler_essay
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        """One line for settings of `cfg` it cannot take, before any model loads."""
+
+    def encode(self, text: str) -> list[int]:
+        return encode(self.tokenizer, text)
+
+    def prompt(self, text: str, references: tuple[str, ...], steps: int, identity: Any = None) -> TextPrompt:
+        """A prompt of `text` judged by `verdicts` against `references` after `steps` decoded tokens."""
+        references = tuple(references)
+        return TextPrompt(self.encode(text), references, steps, partial(self.verdicts, references),
+                          identity=identity if identity is not None else (text, references))
+
+    def variants(self) -> tuple:
+        return (None,)
+
+    def variant_label(self, variant) -> str:
+        return "" if variant is None else str(variant)
+
+    def prompts(self, length: int, variant, trials: int, seed: int) -> list[TextPrompt]:
+        """`trials` prompts of at most `length` tokens (the same for every policy and model of a tokenizer)."""
+        raise NotImplementedError(f"text probe {self.name!r} writes no prompts")
+
+    def verdicts(self, references: tuple[str, ...], output: str) -> list[bool]:
+        """Per reference, whether the decoded output holds it."""
+        return references_found(output, references)
+
+    def chance(self, prompts: list[TextPrompt]) -> float:
+        """The share of verdicts a guess gets right, over a cell's prompts."""
+        return 0.0
+
+    def spec(self) -> str:
+        """The probes.csv `spec`: the probe and the settings its prompts depend on."""
+        return self.name
+
+    def corpus(self) -> str:
+        """What the prompts are drawn from, after the tokenizer's name in the `corpus` column."""
+        return ""
+
+
 PROBES: dict[str, type[Probe]] = {}
+TEXT_PROBES: dict[str, type[TextProbe]] = {}  # the probes a pretrained model reads as text (posbench.probes.text)
 
 
-def register(cls: type[Probe]) -> type[Probe]:
-    """Class decorator: add a probe to the registry under `cls.name` (built-ins and plug-ins)."""
+def register(cls: type) -> type:
+    """Class decorator: add a probe to its registry under `cls.name` (built-ins and plug-ins): a
+    posbench.probes.Probe, which reads posbench's symbols, to PROBES; a posbench.probes.TextProbe,
+    which reads text through a pretrained model's tokenizer, to TEXT_PROBES."""
     name = cls.__dict__.get("name")
-    if not isinstance(name, str) or not name.strip() or any(c in name for c in ",: "):
+    if not isinstance(name, str) or not name.strip() or any(c in name for c in ", "):
+        raise PosbenchError(f"probe class {getattr(cls, '__name__', cls)} needs a `name`: a string without , or spaces")
+    text = isinstance(cls, type) and issubclass(cls, TextProbe)
+    if not (isinstance(cls, type) and (issubclass(cls, Probe) or text)):
+        raise PosbenchError(f"probe {name!r} must subclass posbench.probes.Probe (symbols, for trained runs) or "
+                            f"posbench.probes.TextProbe (text, for --model)")
+    if not text and ":" in name:
         raise PosbenchError(f"probe class {cls.__name__} needs a `name`: a string without , : or spaces")
-    if not (isinstance(cls, type) and issubclass(cls, Probe)):
-        raise PosbenchError(f"probe {name!r} must subclass posbench.probes.Probe")
     for attr in ("summary", "reference"):
         if not isinstance(getattr(cls, attr, None), str):
             raise PosbenchError(f"probe {name!r} has no `{attr}` (a string)")
-    if cls.reads != "symbols":
-        raise PosbenchError(f"probe {name!r} sets reads = {cls.reads!r}: a registered probe reads posbench's symbols "
-                            f"(the text probes of a pretrained model are posbench.probes.text's)")
-    return plugins.enter(PROBES, "probe", name, cls)
+    if cls.reads != ("text" if text else "symbols"):
+        raise PosbenchError(f"probe {name!r} sets reads = {cls.reads!r}: a Probe reads posbench's symbols, for trained "
+                            f"runs; a probe that reads text through a model's tokenizer subclasses "
+                            f"posbench.probes.TextProbe")
+    return plugins.enter(TEXT_PROBES if text else PROBES, "text probe" if text else "probe", name, cls)
 
 
 def probe_name(spec: str) -> str:
