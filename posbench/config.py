@@ -202,6 +202,8 @@ class ProbesConfig:
     seed: int = knob(0, "seed of the prompts: every scheme answers the same ones", flag=True)
     ruler_essay: str = knob("pystdlib", "essay haystack of the ruler: tasks of a pretrained model: pystdlib (the "
                             "standard library's documentation prose) or files:PATH_OR_GLOB", flag=True)
+    prompts: bool = knob(False, "write each prompt's verdicts of a trained run to prompts.csv too, one row per "
+                         "prompt (a pretrained model's always go there)", flag=True)
     randomized: tuple[str, ...] = ()  # schemes also trained with randomized positions (Ruoss et al.)
     # A learning-rate sweep: every cell (or those of `cells`) trained once per rate of `lrs` in
     # place of its [train] (or [probes.train.NAME]) lr; `posbench table probes --sweep` chooses per

@@ -154,8 +154,10 @@ class Verdicts:
     """Prompt verdicts, a measure of posbench.sweep: for each cell, the prompts of every variant of
     the probe at that length (`prompts`: (length, variant) -> prompts, the same for every policy)
     answered by the model, teacher-forced for a trained run and greedily for a pretrained model
-    (the reader's `answers`), once per position draw. Each prompt's verdicts go to prompts.csv (a
-    randomized run's: each draw's in turn), the cell's counts to probes.csv. `columns`: what the
+    (the reader's `answers`), once per position draw. The cell's counts go to probes.csv, and with
+    `prompt_rows` each prompt's verdicts to prompts.csv (a randomized run's: each draw's in turn;
+    off for a trained run unless [probes] prompts: a grid of sixteen seeds reads some 700,000
+    prompts). `columns`: what the
     rows say beyond the model (task, probe, spec, chance, corpus); `cell_columns(cell)` a cell's
     own (a RULER task's chance); `threshold`: a trained run's gate (None: no gate). `out` with
     `resume`: a cell, and within a cell a prompt, that out holds already for this model, probe,
@@ -167,6 +169,7 @@ class Verdicts:
     out: Path | None = None
     resume: bool = False
     threshold: float | None = None
+    prompt_rows: bool = True  # each prompt's verdicts to prompts.csv (and kept from it by --resume)
     cell_columns: Callable[[tuple], dict] = lambda cell: {}  # noqa: E731
     on_length: Callable[[str, int], None] | None = None
     on_prompt: Callable[[str], None] | None = None
@@ -185,7 +188,8 @@ class Verdicts:
         if not (self.resume and self.out is not None):
             return None
         if self.kept_cells is None:  # what out holds of this model, probe, prompt spec and seed
-            self.kept_cells, self.done = kept_rows(self.out, common), kept_prompts(self.out, common)
+            self.kept_cells = kept_rows(self.out, common)
+            self.done = kept_prompts(self.out, common) if self.prompt_rows else {}
         cells = self.at(common["eval_len"])
         old = [self.kept_cells.get((common["scaling"], common["extension"], common["eval_len"], self.label(c[1]),
                                     len(self.prompts[c]))) for c in cells]
@@ -230,17 +234,18 @@ class Verdicts:
                     if draw < reader.draws - 1:
                         continue
                     flat = [v for d in said[cell][i] for v in d]
-                    written.append({**where, "variant": self.label(cell[1]), "prompt": i,
-                                    "prompt_sha": prompt_sha(self.prompts[cell][i]), "answers": len(flat),
-                                    "hits": sum(flat), "verdicts": "".join("y" if v else "n" for v in flat),
-                                    "seconds": round(time.perf_counter() - began, 1), "created": results.stamp()})
+                    if self.prompt_rows and self.out is not None:
+                        written.append({**where, "variant": self.label(cell[1]), "prompt": i,
+                                        "prompt_sha": prompt_sha(self.prompts[cell][i]), "answers": len(flat),
+                                        "hits": sum(flat), "verdicts": "".join("y" if v else "n" for v in flat),
+                                        "seconds": round(time.perf_counter() - began, 1), "created": results.stamp()})
                     began = time.perf_counter()
                     self.said(cell, flat)
-                    if self.out is not None and time.perf_counter() - last > 2:  # a long cell keeps what it judged
+                    if written and time.perf_counter() - last > 2:  # a long cell keeps what it judged
                         results.merge_rows(self.out, "prompts", written)
                         written, last = [], time.perf_counter()
         finally:  # what was judged is kept, even when the cell fails or is interrupted
-            if self.out is not None and written:
+            if written:
                 results.merge_rows(self.out, "prompts", written)
         return said
 
@@ -282,7 +287,7 @@ def evaluate_run(run_dir: Path, cfg: ProbesConfig, eval_cfg: EvalConfig, device:
     columns = {"probe": probe.name, "spec": spec.data.spec, "chance": probe.chance,
                "corpus": probe_corpus(spec.data)[1]}
     measure = Verdicts(prompts, probe.variant_label, columns, resume or out, resume is not None,
-                       eval_cfg.learned_threshold)
+                       eval_cfg.learned_threshold, cfg.prompts)
     return sweep(reader, measure, lengths, out)["probes"]
 
 

@@ -513,7 +513,7 @@ def test_probe_resume_reads_only_the_cells_out_lacks(probe_run, tmp_path, monkey
         return real(model, prompts, *args, **kwargs)
 
     monkeypatch.setattr(readers, "verdicts", counted)
-    args = ["probe", "--probe", "copy", "--runs-dir", str(runs), "--trials", "2", "--scheme", "rope",
+    args = ["probe", "--probe", "copy", "--runs-dir", str(runs), "--trials", "2", "--scheme", "rope", "--prompts",
             "--device", "cpu", "--out", str(out)]
     assert main(args + ["--lengths", "32", "--rope-scaling", "none"]) == 0
     first = {(r["run_id"], r["scaling"], r["eval_len"]): r for r in results.read_rows(out / "probes.csv")}
@@ -543,6 +543,9 @@ def test_probe_resume_reads_only_the_cells_out_lacks(probe_run, tmp_path, monkey
     assert sorted(calls) == [32] * 5  # other prompts: read again
     assert main(args + ["--lengths", "32", "--seed", "1", "--resume"]) == 2
     assert "drop --seed 1 or --resume" in capsys.readouterr().err
+    unasked = tmp_path / "unasked"  # without --prompts a trained run's verdicts stay in probes.csv alone
+    assert main([a for a in args[:-1] if a != "--prompts"] + [str(unasked), "--lengths", "32"]) == 0
+    assert (unasked / "probes.csv").exists() and not (unasked / "prompts.csv").exists()
 
 
 def test_lengths_too_short_for_a_probe_are_one_line_naming_its_shortest_and_score_nothing(probe_run, tmp_path,

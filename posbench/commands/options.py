@@ -30,7 +30,7 @@ Schemes = Annotated[Optional[List[str]], typer.Option(
     "--schemes", "--scheme", help="only these schemes, presets or layouts (comma-separated or repeated)")]
 Param = Annotated[Optional[List[str]], typer.Option(help="scheme parameter KEY=VALUE (repeatable)")]
 Resume = Annotated[bool, typer.Option(help="continue interrupted work: trainings from their checkpoints; "
-                                             "probe: keep the cells (with --model, the prompts too) already read in --out")]
+                                             "probe: keep the cells (with --model or --prompts, the prompts too) already read in --out")]
 Model = Annotated[Optional[str], typer.Option(
     help="hf:FOLDER | gguf:FILE: a pretrained RoPE model, read from local files only, in place of trained "
          "runs; its default task is `pretrained` (posbench/docs/pretrained.md)")]

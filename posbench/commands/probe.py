@@ -20,7 +20,7 @@ SUMMARY = "synthetic retrieval and algorithmic probes, accuracy by length"
 PAGES = ('probes.md',)
 
 
-@takes(config.ProbesConfig, config.EvalConfig, only=("lengths", "trials", "seed", "ruler_essay", "position_draws",
+@takes(config.ProbesConfig, config.EvalConfig, only=("lengths", "trials", "seed", "ruler_essay", "prompts", "position_draws",
                                                      *config.POLICY_FLAGS))
 def probe(
     probe: Annotated[Optional[str], typer.Option(help="probe names, comma-separated (see --list)")] = None,
