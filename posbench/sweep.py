@@ -66,6 +66,7 @@ class Reader(Protocol):
     columns: dict  # the columns that name the model in every row (run_id, scheme, seed, provenance)
     train_len: int  # its training length (a pretrained model: its context)
     draws: int  # the position draws each cell reads (1 but for a run trained on randomized positions)
+    extension: str  # the learned table's extension it reads with now ("none" but for a trained run's)
 
     def variants(self) -> list[Variant]:
         """The eval-time variants that apply to it, each checked so that a bad one fails first."""
@@ -229,14 +230,9 @@ def detect(reader: Reader, measure: Measure, scaling: Policy, length: int) -> tu
     """A detecting policy's settings at `length`, found on the measure's detection windows and set
     on the model: the policy found and the note its rows carry."""
     tokens, at, text = measure.detection(length)
-    found = detect_dpe(reader.scorer(at), lambda trial: reader.set(Variant(trial, reader_extension(reader))),
+    found = detect_dpe(reader.scorer(at), lambda trial: reader.set(Variant(trial, reader.extension)),
                        scaling, *reader.rotary_pairs(), at, tokens)
     return found, dpe_note(found, text)
-
-
-def reader_extension(reader: Reader) -> str:
-    """The extension the reader reads with now (a trained run's learned table; none otherwise)."""
-    return getattr(reader, "extension", "none")
 
 
 @torch.inference_mode()

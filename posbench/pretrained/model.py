@@ -43,6 +43,7 @@ class Pretrained:
     eval_cfg: EvalConfig | None = None  # the policies it is read under (`variants`)
     _variants: tuple[EvalConfig, list] | None = field(default=None, repr=False)
     draws = 1  # a pretrained model reads each window at positions 0..L-1
+    extension = "none"  # it has no learned position table
 
     @property
     def name(self) -> str:
